@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Runs the Kubernetes storage test suite (k8s.io/apiserver) unmodified against
+# kine-rs. See README.md.
+#
+#   conformance/run.sh --backend sqlite|memory [--run REGEX] [--bin PATH]
+#                      [--pkg PACKAGE]... [--verbose]
+set -euo pipefail
+
+# ---- pinned versions and suite selection (change them here only) ----------
+APISERVER_VERSION=v0.35.10
+# Packages of k8s.io/apiserver whose tests start their server through
+# pkg/storage/etcd3/testserver (directly, or via pkg/storage/etcd3/testing).
+DEFAULT_PACKAGES=(
+    ./pkg/storage/etcd3/...
+    ./pkg/storage/cacher/
+    ./pkg/storage/storagebackend/factory/
+    ./pkg/registry/generic/registry/
+    ./pkg/reconcilers/
+    ./pkg/util/peerproxy/
+)
+# Timeout of one package's test binary (go test -timeout).
+GO_TEST_TIMEOUT=90m
+ORIG_IMPORT=k8s.io/apiserver/pkg/storage/etcd3/testserver
+OUR_IMPORT=kine-rs/conformance/testserver
+# ---------------------------------------------------------------------------
+
+usage() {
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+}
+
+BACKEND=""
+RUN=""
+BIN=""
+VERBOSE=0
+PACKAGES=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --backend) BACKEND="${2:?}"; shift 2 ;;
+        --run) RUN="${2:?}"; shift 2 ;;
+        --bin) BIN="${2:?}"; shift 2 ;;
+        --pkg) PACKAGES+=("${2:?}"); shift 2 ;;
+        --verbose) VERBOSE=1; shift ;;
+        -h|--help) usage ;;
+        *) echo "run.sh: unknown argument: $1" >&2; usage ;;
+    esac
+done
+case "$BACKEND" in
+    sqlite|memory) ;;
+    postgres|mysql|nats|nats-embedded)
+        echo "run.sh: backend $BACKEND is not supported by the conformance harness yet" >&2; exit 2 ;;
+    *) echo "run.sh: --backend sqlite|memory is required" >&2; usage ;;
+esac
+[[ ${#PACKAGES[@]} -gt 0 ]] || PACKAGES=("${DEFAULT_PACKAGES[@]}")
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$HERE/.." && pwd)"
+WORK="${CONFORMANCE_WORK_DIR:-$HERE/.work}"
+mkdir -p "$WORK"
+WORK="$(cd "$WORK" && pwd)"
+SRC="$WORK/apiserver"
+
+log() { echo "run.sh: $*" >&2; }
+die() { echo "run.sh: ERROR: $*" >&2; exit 1; }
+
+# ---- 1. the kine-rs binary -------------------------------------------------
+if [[ -z "$BIN" ]]; then
+    log "building kine-rs (cargo build --release -p kine-rs)"
+    (cd "$REPO_ROOT" && cargo build --release -p kine-rs)
+    BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/kine-rs"
+fi
+[[ -f "$BIN" && -x "$BIN" ]] || die "kine-rs binary not found or not executable: $BIN"
+BIN="$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")"
+
+# ---- 2. the suite source, fetched through the Go module proxy --------------
+# Only the module cache is needed after the first run, so later runs work
+# offline.
+log "fetching k8s.io/apiserver@$APISERVER_VERSION"
+ORIG="$(go mod download -json "k8s.io/apiserver@$APISERVER_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+[[ -n "$ORIG" && -f "$ORIG/go.mod" ]] || die "go mod download did not give a source directory"
+
+# A fresh writable copy every run, so the swap below always starts from the
+# pristine module source.
+rm -rf "$SRC"
+cp -r "$ORIG" "$SRC"
+chmod -R u+w "$SRC"
+
+# ---- 3. the import swap: the only change made to the suite -----------------
+# Every importer of the upstream test server (test files, plus the helper
+# package pkg/storage/etcd3/testing that other packages' tests use) gets ours.
+mapfile -t SWAPPED < <(cd "$SRC" && grep -rlF --include='*.go' "\"$ORIG_IMPORT\"" . | sort)
+[[ ${#SWAPPED[@]} -gt 0 ]] || die "no file imports $ORIG_IMPORT: did the suite move?"
+before=$(cd "$SRC" && cat "${SWAPPED[@]}" | grep -cF "\"$ORIG_IMPORT\"")
+(cd "$SRC" && sed -i "s#\"$ORIG_IMPORT\"#\"$OUR_IMPORT\"#" "${SWAPPED[@]}")
+after=$(cd "$SRC" && cat "${SWAPPED[@]}" | grep -cF "\"$OUR_IMPORT\"")
+[[ "$before" == "$after" ]] || die "import swap: $before imports before, $after after"
+if grep -rqF --include='*.go' "\"$ORIG_IMPORT\"" "$SRC"; then
+    die "import swap incomplete: $ORIG_IMPORT is still imported"
+fi
+# Nothing but those import lines may differ from the pristine source.
+changed=$(diff -r "$ORIG" "$SRC" | grep -c '^[<>]' || true)
+[[ "$changed" == $((2 * before)) ]] ||
+    die "import swap changed $changed diff lines, expected $((2 * before))"
+log "import swap: $before import lines in ${#SWAPPED[@]} files: ${SWAPPED[*]}"
+
+# ---- 4. module wiring: a workspace of the suite copy and our module --------
+# In a workspace both are main modules, so the suite resolves $OUR_IMPORT to
+# this directory without any edit to its go.mod.
+rm -f "$WORK/go.work" "$WORK/go.work.sum"
+(cd "$WORK" && go work init "./apiserver" "$HERE")
+export GOWORK="$WORK/go.work"
+cd "$SRC"
+
+# Make sure the packages really run against our server: the upstream test
+# server must be gone from, and ours present in, their test dependencies.
+deps="$(go list -deps -test "${PACKAGES[@]}")"
+grep -qxF "$OUR_IMPORT" <<<"$deps" || die "$OUR_IMPORT is not used by ${PACKAGES[*]}"
+! grep -qxF "$ORIG_IMPORT" <<<"$deps" || die "$ORIG_IMPORT is still used by ${PACKAGES[*]}"
+
+# ---- 5. run ---------------------------------------------------------------
+LOGS="$WORK/logs/$BACKEND"
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
+OUT="$WORK/test-$BACKEND.log"
+export KINE_RS_BIN="$BIN" KINE_RS_BACKEND="$BACKEND" KINE_RS_LOG_DIR="$LOGS"
+
+# Compile first with the default parallelism (both cores)...
+log "compiling test binaries"
+go test -count=1 -run '^$' "${PACKAGES[@]}" >/dev/null ||
+    die "the suite does not build (rerun: cd $SRC && GOWORK=$GOWORK go vet ${PACKAGES[*]})"
+
+# ...then run one package at a time: each test starts its own server, and the
+# suite has timing-sensitive watch tests that a busy 2-core machine can break.
+log "running ${PACKAGES[*]} against $BIN (backend $BACKEND); full output: $OUT"
+args=(-v -count=1 -p 1 -timeout "$GO_TEST_TIMEOUT")
+[[ -n "$RUN" ]] && args+=(-run "$RUN")
+filter='^[[:space:]]*--- (PASS|FAIL|SKIP)|^(ok|FAIL|panic:)[[:space:]]'
+[[ "$VERBOSE" == 1 ]] && filter='.'
+set +e
+go test "${args[@]}" "${PACKAGES[@]}" 2>&1 | tee "$OUT" | grep --line-buffered -aE "$filter"
+status=${PIPESTATUS[0]}
+set -e
+
+# Top-level tests only: a test with a failed subtest fails itself.
+count() { grep -acE "^--- $1:" "$OUT" || true; }
+passed=$(count PASS)
+failed=$(count FAIL)
+skipped=$(count SKIP)
+if [[ "$failed" -gt 0 ]]; then
+    echo "failed tests:"
+    grep -aE '^--- FAIL:' "$OUT" | sed 's/^--- FAIL: /  /'
+    echo "full output: $OUT; server logs: $LOGS"
+fi
+echo "conformance $BACKEND: $passed passed, $failed failed, $skipped skipped"
+if [[ "$status" -ne 0 || "$failed" -gt 0 || "$passed" -eq 0 ]]; then
+    [[ "$status" -ne 0 && "$failed" -eq 0 ]] && echo "go test exited with status $status (build failure, panic or timeout?); see $OUT"
+    exit 1
+fi

@@ -1,0 +1,115 @@
+//! The SQLite schema and its bookkeeping rows.
+//!
+//! `kv` holds one row per change of a key: a put (`deleted = 0`) or a deletion (`deleted = 1`).
+//! A revision may hold several rows (one Txn touching several keys); `sub` orders them.
+//! `meta` holds the current and compact revisions and the store's ids; `lease` the leases.
+//! None of this bookkeeping consumes a revision.
+
+use anyhow::{Context, Result};
+use rusqlite::{Connection, OptionalExtension, params};
+
+pub const SCHEMA_VERSION: i64 = 1;
+
+const DDL: &str = "
+CREATE TABLE IF NOT EXISTS kv (
+    mod_revision    INTEGER NOT NULL,
+    sub             INTEGER NOT NULL,
+    key             BLOB    NOT NULL,
+    create_revision INTEGER NOT NULL,
+    version         INTEGER NOT NULL,
+    lease           INTEGER NOT NULL,
+    deleted         INTEGER NOT NULL,
+    value           BLOB    NOT NULL,
+    PRIMARY KEY (mod_revision, sub)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS kv_key_revision ON kv (key, mod_revision);
+CREATE INDEX IF NOT EXISTS kv_lease ON kv (lease) WHERE lease != 0;
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL);
+";
+
+/// Settings every connection gets. WAL lets readers run beside the writer; `synchronous=FULL`
+/// makes every commit durable (the writer batches commits, so this costs one fsync per batch).
+pub fn configure(conn: &Connection) -> Result<()> {
+    conn.busy_timeout(std::time::Duration::from_secs(30)).context("set busy timeout")?;
+    conn.pragma_update(None, "journal_mode", "WAL").context("enable WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL").context("set synchronous=FULL")?;
+    conn.pragma_update(None, "foreign_keys", "OFF").context("set foreign_keys")?;
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Meta {
+    pub revision: i64,
+    pub compact_revision: i64,
+    pub cluster_id: u64,
+    pub member_id: u64,
+}
+
+/// Creates the schema if needed and returns the stored bookkeeping.
+pub fn init(conn: &mut Connection) -> Result<Meta> {
+    let tx =
+        conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).context("begin schema transaction")?;
+    tx.execute_batch(DDL).context("create schema")?;
+    let version = get(&tx, "schema_version")?;
+    match version {
+        None => {
+            set(&tx, "schema_version", SCHEMA_VERSION)?;
+            set(&tx, "revision", 1)?;
+            set(&tx, "compact_revision", 0)?;
+            set(&tx, "cluster_id", kine_core::id::random_nonzero() as i64)?;
+            set(&tx, "member_id", kine_core::id::random_nonzero() as i64)?;
+        }
+        Some(SCHEMA_VERSION) => {}
+        Some(other) => {
+            anyhow::bail!("database schema version {other} is not supported (this kine-rs knows {SCHEMA_VERSION})")
+        }
+    }
+    let meta = read_meta(&tx)?;
+    tx.commit().context("commit schema")?;
+    Ok(meta)
+}
+
+pub fn read_meta(conn: &Connection) -> Result<Meta> {
+    let need = |name: &str| -> Result<i64> { get(conn, name)?.with_context(|| format!("meta row {name} is missing")) };
+    Ok(Meta {
+        revision: need("revision")?,
+        compact_revision: need("compact_revision")?,
+        cluster_id: need("cluster_id")? as u64,
+        member_id: need("member_id")? as u64,
+    })
+}
+
+/// Current and compact revision, as this connection's transaction sees them.
+pub fn revisions(conn: &Connection) -> Result<(i64, i64)> {
+    let mut stmt =
+        conn.prepare_cached("SELECT name, value FROM meta WHERE name IN ('revision', 'compact_revision')")?;
+    let mut rows = stmt.query([])?;
+    let (mut rev, mut compact) = (None, None);
+    while let Some(row) = rows.next()? {
+        let name: String = row.get(0)?;
+        let value: i64 = row.get(1)?;
+        if name == "revision" {
+            rev = Some(value);
+        } else {
+            compact = Some(value);
+        }
+    }
+    Ok((rev.context("meta row revision is missing")?, compact.context("meta row compact_revision is missing")?))
+}
+
+pub fn get(conn: &Connection, name: &str) -> Result<Option<i64>> {
+    conn.prepare_cached("SELECT value FROM meta WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()
+        .with_context(|| format!("read meta {name}"))
+}
+
+pub fn set(conn: &Connection, name: &str, value: i64) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+    )?
+    .execute(params![name, value])
+    .with_context(|| format!("write meta {name}"))?;
+    Ok(())
+}

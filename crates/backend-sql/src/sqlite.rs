@@ -1,0 +1,204 @@
+//! `sqlite://PATH`: the embedded default datastore.
+
+use crate::pool::ReadPool;
+use crate::schema;
+use crate::view::{self, SqlView};
+use crate::writer::{self, Job, Shared};
+use anyhow::Context;
+use kine_core::backend::{Backend, BackendStatus, FEED_CAPACITY, Revisions};
+use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
+use kine_core::txn::{WriteOp, WriteResponse};
+use kine_core::view::WriteView;
+use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, range};
+use rusqlite::Connection;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use tokio::sync::{broadcast, oneshot};
+
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    pub path: PathBuf,
+}
+
+pub struct SqliteBackend {
+    path: PathBuf,
+    shared: Arc<Shared>,
+    /// `None` once closed.
+    writer: Mutex<Option<mpsc::Sender<Job>>>,
+    readers: Arc<ReadPool>,
+    cluster_id: u64,
+    member_id: u64,
+}
+
+fn stopped() -> Error {
+    Error::Unavailable("etcdserver: server stopped".into())
+}
+
+impl SqliteBackend {
+    /// Opens (or creates) the database. A missing parent directory is created with mode 0700.
+    pub fn open(options: SqliteOptions) -> anyhow::Result<SqliteBackend> {
+        let path = options.path;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            create_private_dir(dir)?;
+        }
+        let mut conn = Connection::open(&path).with_context(|| format!("open SQLite database {}", path.display()))?;
+        schema::configure(&conn).with_context(|| format!("configure SQLite database {}", path.display()))?;
+        let meta = schema::init(&mut conn).with_context(|| format!("initialise SQLite database {}", path.display()))?;
+        let shared = Arc::new(Shared {
+            current: AtomicI64::new(meta.revision),
+            compacted: AtomicI64::new(meta.compact_revision),
+            feed: broadcast::channel(FEED_CAPACITY).0,
+        });
+        let writer = writer::spawn(conn, shared.clone()).context("start the SQLite writer thread")?;
+        tracing::debug!(path = %path.display(), revision = meta.revision, compacted = meta.compact_revision, "SQLite database open");
+        Ok(SqliteBackend {
+            readers: Arc::new(ReadPool::new(path.clone(), 8)),
+            path,
+            shared,
+            writer: Mutex::new(Some(writer)),
+            cluster_id: meta.cluster_id,
+            member_id: meta.member_id,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn submit<T>(&self, job: impl FnOnce(oneshot::Sender<Result<T>>) -> Job) -> Result<T> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let sender = writer.as_ref().ok_or_else(stopped)?;
+            sender.send(job(tx)).map_err(|_| stopped())?;
+        }
+        rx.await.map_err(|_| stopped())?
+    }
+}
+
+fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        return Ok(());
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).with_context(|| format!("create directory {}", dir.display()))
+}
+
+#[async_trait::async_trait]
+impl Backend for SqliteBackend {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
+
+    fn member_id(&self) -> u64 {
+        self.member_id
+    }
+
+    async fn revisions(&self) -> Result<Revisions> {
+        if self.writer.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            return Err(stopped());
+        }
+        Ok(Revisions {
+            current: self.shared.current.load(Ordering::SeqCst),
+            compacted: self.shared.compacted.load(Ordering::SeqCst),
+        })
+    }
+
+    async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        self.readers
+            .read(move |conn| {
+                // Revisions from the same snapshot as the data.
+                let (current, compacted) = schema::revisions(conn)?;
+                let rev = range::read_revision(req.revision, current, compacted)?;
+                let mut view = SqlView { conn, revision: current, compacted };
+                let value = range::execute(&mut view, &req, rev)?;
+                Ok(Revisioned { revision: current, value })
+            })
+            .await
+    }
+
+    async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        self.submit(|reply| Job::Write(op, reply)).await
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.submit(|reply| Job::Compact(revision, reply)).await
+    }
+
+    async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+        let range = range.clone();
+        self.readers
+            .read(move |conn| {
+                let (_, compacted) = schema::revisions(conn)?;
+                if after + 1 < compacted {
+                    return Err(Error::Compacted { compact_revision: compacted });
+                }
+                Ok(view::events(conn, &range, after, until)?)
+            })
+            .await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
+        self.shared.feed.subscribe()
+    }
+
+    async fn leases(&self) -> Result<Vec<(LeaseId, i64)>> {
+        self.readers
+            .read(|conn| {
+                let mut stmt =
+                    conn.prepare_cached("SELECT id, ttl FROM lease ORDER BY id").context("prepare lease list")?;
+                let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).context("list leases")?;
+                Ok(rows.collect::<rusqlite::Result<Vec<_>>>().context("read leases")?)
+            })
+            .await
+    }
+
+    async fn lease_keys(&self, id: LeaseId) -> Result<Vec<Vec<u8>>> {
+        self.readers
+            .read(move |conn| {
+                let (current, compacted) = schema::revisions(conn)?;
+                SqlView { conn, revision: current, compacted }.keys_with_lease(id, current)
+            })
+            .await
+    }
+
+    async fn status(&self) -> Result<BackendStatus> {
+        self.readers
+            .read(|conn| {
+                let pragma = |name: &str| -> anyhow::Result<i64> {
+                    conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
+                        .with_context(|| format!("read PRAGMA {name}"))
+                };
+                let page_size = pragma("page_size")?;
+                let pages = pragma("page_count")?;
+                let free = pragma("freelist_count")?;
+                Ok(BackendStatus { db_size: pages * page_size, db_size_in_use: (pages - free) * page_size })
+            })
+            .await
+    }
+
+    async fn defragment(&self) -> Result<()> {
+        // Idle readers would keep the old file pages alive in their snapshots.
+        self.readers.clear();
+        self.submit(Job::Defragment).await
+    }
+
+    async fn close(&self) {
+        let sender = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(sender) = sender {
+            let (tx, rx) = oneshot::channel();
+            if sender.send(Job::Close(tx)).is_ok() {
+                let _ = rx.await;
+            }
+        }
+        self.readers.clear();
+    }
+}

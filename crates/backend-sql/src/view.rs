@@ -1,0 +1,205 @@
+//! `ReadView` / `WriteView` over one SQLite connection (inside its transaction).
+
+use anyhow::Context;
+use kine_core::view::{ReadView, WriteView};
+use kine_core::{Event, EventKind, KeyRange, KeyValue, LeaseId, RangeEnd, Result, Revision, RevisionEvents};
+use rusqlite::types::Value;
+use rusqlite::{Connection, Row, params, params_from_iter};
+
+pub struct SqlView<'c> {
+    pub conn: &'c Connection,
+    /// The last committed revision this view builds on (advances inside a write batch).
+    pub revision: Revision,
+    pub compacted: Revision,
+}
+
+/// SQL condition for `key` in `range` (table alias `t`), with its parameters.
+fn key_condition(range: &KeyRange, column: &str) -> (String, Vec<Value>) {
+    match &range.end {
+        RangeEnd::Single => (format!("{column} = ?"), vec![Value::Blob(range.start.clone())]),
+        RangeEnd::Unbounded => (format!("{column} >= ?"), vec![Value::Blob(range.start.clone())]),
+        RangeEnd::Before(end) => (
+            format!("{column} >= ? AND {column} < ?"),
+            vec![Value::Blob(range.start.clone()), Value::Blob(end.clone())],
+        ),
+    }
+}
+
+fn kv_from_row(row: &Row<'_>, offset: usize) -> rusqlite::Result<KeyValue> {
+    Ok(KeyValue {
+        key: row.get(offset)?,
+        create_revision: row.get(offset + 1)?,
+        mod_revision: row.get(offset + 2)?,
+        version: row.get(offset + 3)?,
+        lease: row.get(offset + 4)?,
+        value: row.get(offset + 5)?,
+    })
+}
+
+fn backend_err(e: impl Into<anyhow::Error>, what: &'static str) -> kine_core::Error {
+    kine_core::Error::Backend(e.into().context(what))
+}
+
+impl ReadView for SqlView<'_> {
+    fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+        let value = if keys_only { "x''" } else { "k.value" };
+        let (cond, mut args) = key_condition(range, "key");
+        args.push(Value::Integer(rev));
+        let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
+        let sql = if range.end == RangeEnd::Single {
+            format!(
+                "SELECT k.key, k.create_revision, k.mod_revision, k.version, k.lease, {value}, k.deleted FROM kv k
+                 WHERE {cond} AND k.mod_revision <= ? ORDER BY k.mod_revision DESC LIMIT 1"
+            )
+        } else {
+            format!(
+                "SELECT k.key, k.create_revision, k.mod_revision, k.version, k.lease, {value}, k.deleted FROM kv k
+                 JOIN (SELECT key, MAX(mod_revision) AS mr FROM kv WHERE {cond} AND mod_revision <= ? GROUP BY key) m
+                   ON k.key = m.key AND k.mod_revision = m.mr
+                 WHERE k.deleted = 0 ORDER BY k.key {limit_sql}"
+            )
+        };
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| backend_err(e, "prepare range query"))?;
+        let rows = stmt
+            .query_map(params_from_iter(args), |row| Ok((kv_from_row(row, 0)?, row.get::<_, i64>(6)? != 0)))
+            .map_err(|e| backend_err(e, "run range query"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (kv, deleted) = row.map_err(|e| backend_err(e, "read range row"))?;
+            if !deleted {
+                out.push(kv);
+            }
+        }
+        Ok(out)
+    }
+
+    fn count(&mut self, range: &KeyRange, rev: Revision) -> Result<i64> {
+        let (cond, mut args) = key_condition(range, "key");
+        args.push(Value::Integer(rev));
+        let sql = format!(
+            "SELECT COUNT(*) FROM kv k
+             JOIN (SELECT key, MAX(mod_revision) AS mr FROM kv WHERE {cond} AND mod_revision <= ? GROUP BY key) m
+               ON k.key = m.key AND k.mod_revision = m.mr
+             WHERE k.deleted = 0"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| backend_err(e, "prepare count query"))?;
+        stmt.query_row(params_from_iter(args), |r| r.get(0)).map_err(|e| backend_err(e, "run count query"))
+    }
+}
+
+impl WriteView for SqlView<'_> {
+    fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    fn compact_revision(&self) -> Revision {
+        self.compacted
+    }
+
+    fn keys_with_lease(&mut self, lease: LeaseId, rev: Revision) -> Result<Vec<Vec<u8>>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT k.key FROM kv k WHERE k.lease = ?1 AND k.deleted = 0 AND k.mod_revision =
+                   (SELECT MAX(mod_revision) FROM kv WHERE key = k.key AND mod_revision <= ?2)
+                 ORDER BY k.key",
+            )
+            .map_err(|e| backend_err(e, "prepare lease keys query"))?;
+        let rows =
+            stmt.query_map(params![lease, rev], |r| r.get(0)).map_err(|e| backend_err(e, "run lease keys query"))?;
+        rows.collect::<rusqlite::Result<Vec<Vec<u8>>>>().map_err(|e| backend_err(e, "read lease keys"))
+    }
+
+    fn lease(&mut self, id: LeaseId) -> Result<Option<i64>> {
+        use rusqlite::OptionalExtension;
+        self.conn
+            .prepare_cached("SELECT ttl FROM lease WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
+            .map_err(|e| backend_err(e, "read lease"))
+    }
+
+    fn insert_lease(&mut self, id: LeaseId, ttl: i64) -> Result<()> {
+        self.conn
+            .prepare_cached("INSERT INTO lease (id, ttl) VALUES (?1, ?2)")
+            .and_then(|mut s| s.execute(params![id, ttl]))
+            .map_err(|e| backend_err(e, "insert lease"))?;
+        Ok(())
+    }
+
+    fn remove_lease(&mut self, id: LeaseId) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM lease WHERE id = ?1")
+            .and_then(|mut s| s.execute([id]))
+            .map_err(|e| backend_err(e, "delete lease"))?;
+        Ok(())
+    }
+
+    fn append(&mut self, rev: Revision, index: usize, event: &Event) -> Result<()> {
+        let kv = &event.kv;
+        let deleted = event.kind == EventKind::Delete;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO kv (mod_revision, sub, key, create_revision, version, lease, deleted, value)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    rev,
+                    index as i64,
+                    kv.key,
+                    kv.create_revision,
+                    kv.version,
+                    kv.lease,
+                    deleted as i64,
+                    kv.value
+                ])
+            })
+            .map_err(|e| backend_err(e, "insert key version"))?;
+        Ok(())
+    }
+}
+
+/// Committed events in `range` with `after < revision <= until`, each with its previous version.
+pub fn events(
+    conn: &Connection,
+    range: &KeyRange,
+    after: Revision,
+    until: Revision,
+) -> anyhow::Result<Vec<RevisionEvents>> {
+    let (cond, mut args) = key_condition(range, "e.key");
+    let mut all = vec![Value::Integer(after), Value::Integer(until)];
+    all.append(&mut args);
+    let sql = format!(
+        "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted,
+                p.key, p.create_revision, p.mod_revision, p.version, p.lease, p.value, p.deleted
+         FROM kv e
+         LEFT JOIN kv p ON p.key = e.key
+              AND p.mod_revision = (SELECT MAX(mod_revision) FROM kv WHERE key = e.key AND mod_revision < e.mod_revision)
+         WHERE e.mod_revision > ? AND e.mod_revision <= ? AND {cond}
+         ORDER BY e.mod_revision, e.sub"
+    );
+    let mut stmt = conn.prepare_cached(&sql).context("prepare events query")?;
+    let mut rows = stmt.query(params_from_iter(all)).context("run events query")?;
+    let mut out: Vec<RevisionEvents> = Vec::new();
+    while let Some(row) = rows.next().context("read event row")? {
+        let kv = kv_from_row(row, 0)?;
+        let deleted: i64 = row.get(6)?;
+        let prev_deleted: Option<i64> = row.get(13)?;
+        let prev_kv = match prev_deleted {
+            Some(0) => Some(kv_from_row(row, 7)?),
+            _ => None,
+        };
+        let (kind, kv) = if deleted != 0 {
+            (EventKind::Delete, KeyValue { key: kv.key, mod_revision: kv.mod_revision, ..Default::default() })
+        } else {
+            (EventKind::Put, kv)
+        };
+        let rev = kv.mod_revision;
+        let event = Event { kind, kv, prev_kv };
+        match out.last_mut() {
+            Some(last) if last.revision == rev => last.events.push(event),
+            _ => out.push(RevisionEvents { revision: rev, events: vec![event] }),
+        }
+    }
+    Ok(out)
+}

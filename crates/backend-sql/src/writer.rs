@@ -1,0 +1,168 @@
+//! The single SQLite writer thread, with group commit.
+//!
+//! Write requests queue on a channel. The thread takes every request already waiting (up to
+//! `MAX_BATCH`), applies each in its own savepoint inside one transaction, commits once (one
+//! fsync for the whole batch), then advances the shared revision, publishes the events in
+//! revision order, and only then answers the requests. A failed request rolls back to its
+//! savepoint and fails alone; a failed commit fails the whole batch and publishes nothing.
+
+use crate::schema;
+use crate::view::SqlView;
+use anyhow::Context;
+use kine_core::request::Revisioned;
+use kine_core::txn::{self, WriteOp, WriteResponse};
+use kine_core::{Error, Result, Revision, RevisionEvents};
+use rusqlite::{Connection, TransactionBehavior, params};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, mpsc};
+use tokio::sync::{broadcast, oneshot};
+
+const MAX_BATCH: usize = 256;
+
+pub type Reply<T> = oneshot::Sender<Result<T>>;
+
+pub enum Job {
+    Write(WriteOp, Reply<Revisioned<WriteResponse>>),
+    Compact(Revision, Reply<Revision>),
+    Defragment(Reply<()>),
+    /// Finish queued work, checkpoint the WAL and stop.
+    Close(oneshot::Sender<()>),
+}
+
+/// State shared between the writer thread and the async side.
+pub struct Shared {
+    pub current: AtomicI64,
+    pub compacted: AtomicI64,
+    pub feed: broadcast::Sender<Arc<RevisionEvents>>,
+}
+
+pub fn spawn(conn: Connection, shared: Arc<Shared>) -> std::io::Result<mpsc::Sender<Job>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new().name("sqlite-writer".into()).spawn(move || run(conn, shared, rx))?;
+    Ok(tx)
+}
+
+fn run(mut conn: Connection, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
+    let mut held: Option<Job> = None;
+    loop {
+        let job = match held.take() {
+            Some(job) => job,
+            None => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return, // every sender is gone
+            },
+        };
+        match job {
+            Job::Write(op, reply) => {
+                let mut batch = vec![(op, reply)];
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(Job::Write(op, reply)) => batch.push((op, reply)),
+                        Ok(other) => {
+                            held = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                write_batch(&mut conn, &shared, batch);
+            }
+            Job::Compact(rev, reply) => {
+                let _ = reply.send(compact(&mut conn, &shared, rev));
+            }
+            Job::Defragment(reply) => {
+                let result = conn
+                    .execute_batch("PRAGMA wal_checkpoint(TRUNCATE); VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
+                    .context("defragment (VACUUM)")
+                    .map_err(Error::Backend);
+                let _ = reply.send(result);
+            }
+            Job::Close(done) => {
+                if let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
+                    tracing::warn!(error = %e, "cannot checkpoint the SQLite WAL at shutdown");
+                }
+                drop(conn);
+                let _ = done.send(());
+                // Later requests find the channel closed and fail with Unavailable.
+                return;
+            }
+        }
+    }
+}
+
+fn write_batch(conn: &mut Connection, shared: &Shared, batch: Vec<(WriteOp, Reply<Revisioned<WriteResponse>>)>) {
+    let base = shared.current.load(Ordering::SeqCst);
+    let compacted = shared.compacted.load(Ordering::SeqCst);
+    let mut results = Vec::with_capacity(batch.len());
+    let mut published = Vec::new();
+    let outcome = (|| -> anyhow::Result<Revision> {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).context("begin write transaction")?;
+        let mut view = SqlView { conn: &tx, revision: base, compacted };
+        for (op, _) in &batch {
+            view.conn.execute_batch("SAVEPOINT op").context("open savepoint")?;
+            match txn::apply(&mut view, op) {
+                Ok(applied) => {
+                    view.conn.execute_batch("RELEASE op").context("release savepoint")?;
+                    if let Some(ev) = applied.events {
+                        view.revision = ev.revision;
+                        published.push(ev);
+                    }
+                    results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
+                }
+                Err(e) => {
+                    view.conn.execute_batch("ROLLBACK TO op; RELEASE op").context("roll back savepoint")?;
+                    results.push(Err(e));
+                }
+            }
+        }
+        let revision = view.revision;
+        if revision != base {
+            schema::set(&tx, "revision", revision)?;
+        }
+        tx.commit().context("commit write transaction")?;
+        Ok(revision)
+    })();
+    match outcome {
+        Ok(revision) => {
+            // Advance the revision before publishing (see the Backend invariants).
+            shared.current.store(revision, Ordering::SeqCst);
+            for ev in published {
+                let _ = shared.feed.send(Arc::new(ev));
+            }
+            for ((_, reply), result) in batch.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "SQLite write batch failed; nothing was written");
+            let text = format!("{e:#}");
+            for (_, reply) in batch {
+                let _ = reply.send(Err(Error::Backend(anyhow::anyhow!("{text}"))));
+            }
+        }
+    }
+}
+
+fn compact(conn: &mut Connection, shared: &Shared, rev: Revision) -> Result<Revision> {
+    let current = shared.current.load(Ordering::SeqCst);
+    let previous = shared.compacted.load(Ordering::SeqCst);
+    txn::check_compact(rev, current, previous)?;
+    (|| -> anyhow::Result<()> {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).context("begin compaction")?;
+        // Only keys changed after the previous compaction can have newly superseded versions.
+        tx.execute(
+            "DELETE FROM kv WHERE mod_revision <= ?2
+               AND key IN (SELECT key FROM kv WHERE mod_revision > ?1 AND mod_revision <= ?2)
+               AND (deleted = 1 OR mod_revision <
+                    (SELECT MAX(k2.mod_revision) FROM kv k2 WHERE k2.key = kv.key AND k2.mod_revision <= ?2))",
+            params![previous, rev],
+        )
+        .context("delete superseded versions")?;
+        schema::set(&tx, "compact_revision", rev)?;
+        tx.commit().context("commit compaction")?;
+        Ok(())
+    })()
+    .map_err(Error::Backend)?;
+    shared.compacted.store(rev, Ordering::SeqCst);
+    Ok(current)
+}

@@ -1,0 +1,48 @@
+//! The one error type of kine-rs. Its variants are exactly what a client must tell apart;
+//! `kine-server` maps each to etcd's gRPC code and message text in one place.
+
+use crate::types::Revision;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("required revision has been compacted (compacted at {compact_revision})")]
+    Compacted { compact_revision: Revision },
+    #[error("required revision is a future revision")]
+    FutureRevision,
+    #[error("key is not provided")]
+    EmptyKey,
+    #[error("key not found")]
+    KeyNotFound,
+    #[error("value is provided")]
+    ValueProvided,
+    #[error("lease is provided")]
+    LeaseProvided,
+    #[error("invalid sort option")]
+    InvalidSortOption,
+    #[error("too many operations in txn request")]
+    TooManyOps,
+    #[error("duplicate key given in txn request")]
+    DuplicateKey,
+    #[error("requested lease not found")]
+    LeaseNotFound,
+    #[error("lease already exists")]
+    LeaseExists,
+    #[error("too large lease TTL")]
+    LeaseTtlTooLarge,
+    #[error("request is too large")]
+    RequestTooLarge,
+    /// A request field or RPC kine-rs does not support; the text names it.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A malformed request the etcd API has no dedicated error for; the text says what is wrong.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The datastore cannot be reached right now, or the server is stopping.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else that went wrong in a backend.
+    #[error(transparent)]
+    Backend(#[from] anyhow::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,172 @@
+//! Leases: grant, keep-alive, time-to-live, and expiry.
+//!
+//! A lease's id and TTL live in the backend (they survive a restart; no revision is spent on
+//! them). Deadlines live here, in memory: as in etcd, a restart gives every lease its full TTL
+//! again. Expiry revokes the lease through the backend, deleting its keys in one revision.
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::shutdown::Shutdown;
+use crate::txn::WriteOp;
+use crate::types::{LeaseId, Revision};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// etcd's smallest TTL with default election settings (ceil(1.5 × 1 s election timeout)).
+pub const MIN_TTL: i64 = 2;
+/// etcd's largest TTL.
+pub const MAX_TTL: i64 = 9_000_000_000;
+/// Longest sleep of the expiry loop between checks.
+const CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+#[derive(Debug)]
+struct LeaseState {
+    ttl: i64,
+    deadline: Instant,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimeToLive {
+    pub id: LeaseId,
+    /// Remaining seconds (truncated).
+    pub ttl: i64,
+    pub granted_ttl: i64,
+    pub keys: Vec<Vec<u8>>,
+}
+
+pub struct Lessor {
+    backend: Arc<dyn Backend>,
+    leases: Mutex<HashMap<LeaseId, LeaseState>>,
+    /// Wakes the expiry loop when a lease with an earlier deadline appears.
+    changed: Notify,
+}
+
+impl Lessor {
+    /// Loads the persisted leases; each gets its full TTL from now.
+    pub async fn load(backend: Arc<dyn Backend>) -> Result<Arc<Lessor>> {
+        let now = Instant::now();
+        let leases = backend
+            .leases()
+            .await?
+            .into_iter()
+            .map(|(id, ttl)| (id, LeaseState { ttl, deadline: now + secs(ttl) }))
+            .collect();
+        Ok(Arc::new(Lessor { backend, leases: Mutex::new(leases), changed: Notify::new() }))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, LeaseState>> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Grants a lease; `id` 0 lets the server choose. Returns the id and the granted TTL.
+    pub async fn grant(&self, id: LeaseId, ttl: i64) -> Result<(LeaseId, i64)> {
+        if ttl > MAX_TTL {
+            return Err(Error::LeaseTtlTooLarge);
+        }
+        if id < 0 {
+            return Err(Error::InvalidArgument("etcdserver: lease ID must be positive".into()));
+        }
+        let ttl = ttl.max(MIN_TTL);
+        let id = if id == 0 {
+            loop {
+                let candidate = crate::id::random_positive_i64();
+                if !self.state().contains_key(&candidate) {
+                    break candidate;
+                }
+            }
+        } else {
+            id
+        };
+        self.backend.write(WriteOp::LeaseGrant { id, ttl }).await?;
+        self.state().insert(id, LeaseState { ttl, deadline: Instant::now() + secs(ttl) });
+        self.changed.notify_one();
+        Ok((id, ttl))
+    }
+
+    /// Revokes a lease, deleting its keys. Returns the store revision after it.
+    pub async fn revoke(&self, id: LeaseId) -> Result<Revision> {
+        if !self.state().contains_key(&id) {
+            return Err(Error::LeaseNotFound);
+        }
+        let result = self.backend.write(WriteOp::LeaseRevoke { id }).await;
+        if matches!(result, Ok(_) | Err(Error::LeaseNotFound)) {
+            self.state().remove(&id);
+        }
+        Ok(result?.revision)
+    }
+
+    /// Renews a lease. Returns its TTL, or `LeaseNotFound` if it is gone or already expired.
+    pub fn keep_alive(&self, id: LeaseId) -> Result<i64> {
+        let mut leases = self.state();
+        let now = Instant::now();
+        match leases.get_mut(&id) {
+            Some(l) if l.deadline > now => {
+                l.deadline = now + secs(l.ttl);
+                Ok(l.ttl)
+            }
+            _ => Err(Error::LeaseNotFound),
+        }
+    }
+
+    /// `None` when the lease does not exist.
+    pub async fn time_to_live(&self, id: LeaseId, with_keys: bool) -> Result<Option<TimeToLive>> {
+        let (ttl, granted_ttl) = {
+            let leases = self.state();
+            let Some(l) = leases.get(&id) else { return Ok(None) };
+            let remaining = l.deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
+            (remaining, l.ttl)
+        };
+        let keys = if with_keys { self.backend.lease_keys(id).await? } else { Vec::new() };
+        Ok(Some(TimeToLive { id, ttl, granted_ttl, keys }))
+    }
+
+    pub fn list(&self) -> Vec<LeaseId> {
+        let mut ids: Vec<LeaseId> = self.state().keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Revokes leases as they expire, until shutdown.
+    pub async fn run_expiry(self: Arc<Self>, mut shutdown: Shutdown) {
+        loop {
+            let wake = {
+                let leases = self.state();
+                let next = leases.values().map(|l| l.deadline).min();
+                let cap = Instant::now() + CHECK_INTERVAL;
+                next.map_or(cap, |d| d.min(cap))
+            };
+            tokio::select! {
+                _ = shutdown.wait() => return,
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = self.changed.notified() => continue,
+            }
+            let now = Instant::now();
+            let expired: Vec<LeaseId> =
+                self.state().iter().filter(|(_, l)| l.deadline <= now).map(|(id, _)| *id).collect();
+            for id in expired {
+                // A keep-alive may have raced in; only revoke what is still expired.
+                let still_expired = self.state().get(&id).is_some_and(|l| l.deadline <= Instant::now());
+                if !still_expired {
+                    continue;
+                }
+                match self.backend.write(WriteOp::LeaseRevoke { id }).await {
+                    Ok(r) => {
+                        tracing::debug!(lease = id, revision = r.revision, "lease expired and revoked");
+                        self.state().remove(&id);
+                    }
+                    Err(Error::LeaseNotFound) => {
+                        self.state().remove(&id);
+                    }
+                    Err(e) => tracing::warn!(lease = id, error = %e, "cannot revoke expired lease; will retry"),
+                }
+            }
+        }
+    }
+}
+
+fn secs(ttl: i64) -> Duration {
+    Duration::from_secs(ttl.max(0) as u64)
+}

@@ -1,0 +1,22 @@
+//! kine-rs core: etcd's revision model and API semantics, independent of gRPC and of any
+//! datastore. Backends plug in through [`backend::Backend`]; the shared write engine
+//! ([`txn`]) and range logic ([`range`]) run over the narrow [`view`] traits.
+
+pub mod backend;
+pub mod compactor;
+pub mod error;
+pub mod id;
+pub mod lease;
+pub mod memory;
+pub mod range;
+pub mod request;
+pub mod shutdown;
+pub mod store;
+pub mod txn;
+pub mod types;
+pub mod validate;
+pub mod view;
+pub mod watch;
+
+pub use error::{Error, Result};
+pub use types::*;

@@ -1,0 +1,265 @@
+//! The in-memory backend (`memory://`): the reference implementation and test oracle.
+//! Nothing survives a restart.
+
+use crate::backend::{Backend, BackendStatus, FEED_CAPACITY, Revisions};
+use crate::error::{Error, Result};
+use crate::range;
+use crate::request::{RangeRequest, RangeResponse, Revisioned};
+use crate::txn::{self, WriteOp, WriteResponse};
+use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, RangeEnd, Revision, RevisionEvents};
+use crate::view::{ReadView, WriteView};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex};
+use tokio::sync::broadcast;
+
+/// The whole key history, in memory.
+#[derive(Debug)]
+pub struct MemTable {
+    current: Revision,
+    compacted: Revision,
+    /// Per key, its versions in revision order; `None` marks a deletion.
+    keys: BTreeMap<Vec<u8>, Vec<(Revision, Option<KeyValue>)>>,
+    /// Per revision, its events (for watch catch-up).
+    log: BTreeMap<Revision, Vec<Event>>,
+    leases: HashMap<LeaseId, i64>,
+}
+
+impl Default for MemTable {
+    fn default() -> Self {
+        MemTable { current: 1, compacted: 0, keys: BTreeMap::new(), log: BTreeMap::new(), leases: HashMap::new() }
+    }
+}
+
+impl MemTable {
+    fn keys_in<'a>(
+        &'a self,
+        range: &'a KeyRange,
+    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Vec<(Revision, Option<KeyValue>)>)> + 'a> {
+        match &range.end {
+            RangeEnd::Single => Box::new(self.keys.get_key_value(&range.start).into_iter()),
+            _ if range.is_empty() => Box::new(std::iter::empty()),
+            RangeEnd::Unbounded => {
+                Box::new(self.keys.range::<Vec<u8>, _>((Bound::Included(&range.start), Bound::Unbounded)))
+            }
+            RangeEnd::Before(end) => {
+                Box::new(self.keys.range::<Vec<u8>, _>((Bound::Included(&range.start), Bound::Excluded(end))))
+            }
+        }
+    }
+
+    fn live_at(history: &[(Revision, Option<KeyValue>)], rev: Revision) -> Option<&KeyValue> {
+        history.iter().rev().find(|(r, _)| *r <= rev).and_then(|(_, kv)| kv.as_ref())
+    }
+
+    pub fn revisions(&self) -> Revisions {
+        Revisions { current: self.current, compacted: self.compacted }
+    }
+
+    /// Applies a write op and makes it current. Returns the op's response and events.
+    pub fn apply(&mut self, op: &WriteOp) -> Result<txn::Applied> {
+        let applied = txn::apply(self, op)?;
+        if let Some(ev) = &applied.events {
+            self.log.insert(ev.revision, ev.events.clone());
+            self.current = ev.revision;
+        }
+        Ok(applied)
+    }
+
+    pub fn compact(&mut self, rev: Revision) -> Result<()> {
+        txn::check_compact(rev, self.current, self.compacted)?;
+        self.keys.retain(|_, history| {
+            // Keep the newest version at or before `rev` unless it is a deletion, and all later ones.
+            let keep_from = history.iter().rposition(|(r, _)| *r <= rev);
+            if let Some(i) = keep_from {
+                let tombstone = history[i].1.is_none();
+                history.drain(..if tombstone { i + 1 } else { i });
+            }
+            !history.is_empty()
+        });
+        self.log = self.log.split_off(&(rev + 1));
+        self.compacted = rev;
+        Ok(())
+    }
+
+    pub fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+        if after + 1 < self.compacted {
+            return Err(Error::Compacted { compact_revision: self.compacted });
+        }
+        let mut out = Vec::new();
+        for (rev, events) in self.log.range(after + 1..=until) {
+            let events: Vec<Event> = events.iter().filter(|e| range.contains(&e.kv.key)).cloned().collect();
+            if !events.is_empty() {
+                out.push(RevisionEvents { revision: *rev, events });
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn lease_list(&self) -> Vec<(LeaseId, i64)> {
+        self.leases.iter().map(|(id, ttl)| (*id, *ttl)).collect()
+    }
+}
+
+impl ReadView for MemTable {
+    fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, _keys_only: bool) -> Result<Vec<KeyValue>> {
+        let mut out = Vec::new();
+        for (_, history) in self.keys_in(range) {
+            if let Some(kv) = Self::live_at(history, rev) {
+                out.push(kv.clone());
+                if limit > 0 && out.len() == limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn count(&mut self, range: &KeyRange, rev: Revision) -> Result<i64> {
+        Ok(self.keys_in(range).filter(|(_, h)| Self::live_at(h, rev).is_some()).count() as i64)
+    }
+}
+
+impl WriteView for MemTable {
+    fn revision(&self) -> Revision {
+        self.current
+    }
+    fn compact_revision(&self) -> Revision {
+        self.compacted
+    }
+    fn keys_with_lease(&mut self, lease: LeaseId, rev: Revision) -> Result<Vec<Vec<u8>>> {
+        Ok(self
+            .keys
+            .iter()
+            .filter(|(_, h)| Self::live_at(h, rev).is_some_and(|kv| kv.lease == lease))
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+    fn lease(&mut self, id: LeaseId) -> Result<Option<i64>> {
+        Ok(self.leases.get(&id).copied())
+    }
+    fn insert_lease(&mut self, id: LeaseId, ttl: i64) -> Result<()> {
+        self.leases.insert(id, ttl);
+        Ok(())
+    }
+    fn remove_lease(&mut self, id: LeaseId) -> Result<()> {
+        self.leases.remove(&id);
+        Ok(())
+    }
+    fn append(&mut self, rev: Revision, _index: usize, event: &Event) -> Result<()> {
+        let version = match event.kind {
+            EventKind::Put => Some(event.kv.clone()),
+            EventKind::Delete => None,
+        };
+        self.keys.entry(event.kv.key.clone()).or_default().push((rev, version));
+        Ok(())
+    }
+}
+
+/// `memory://`: a [`MemTable`] behind a mutex, with a live feed.
+pub struct MemoryBackend {
+    table: Mutex<Option<MemTable>>,
+    feed: broadcast::Sender<Arc<RevisionEvents>>,
+    cluster_id: u64,
+    member_id: u64,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    pub fn new() -> MemoryBackend {
+        MemoryBackend {
+            table: Mutex::new(Some(MemTable::default())),
+            feed: broadcast::channel(FEED_CAPACITY).0,
+            cluster_id: crate::id::random_nonzero(),
+            member_id: crate::id::random_nonzero(),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut MemTable) -> Result<T>) -> Result<T> {
+        let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_mut() {
+            Some(table) => f(table),
+            None => Err(Error::Unavailable("etcdserver: server stopped".into())),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
+    fn member_id(&self) -> u64 {
+        self.member_id
+    }
+    async fn revisions(&self) -> Result<Revisions> {
+        self.with(|t| Ok(t.revisions()))
+    }
+    async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        self.with(|t| {
+            let rev = range::read_revision(req.revision, t.current, t.compacted)?;
+            let value = range::execute(t, &req, rev)?;
+            Ok(Revisioned { revision: t.current, value })
+        })
+    }
+    async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        self.with(|t| {
+            let applied = t.apply(&op)?;
+            if let Some(ev) = applied.events {
+                // Published under the lock, so the feed is in revision order.
+                let _ = self.feed.send(Arc::new(ev));
+            }
+            Ok(Revisioned { revision: t.current, value: applied.response })
+        })
+    }
+    async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.with(|t| {
+            t.compact(revision)?;
+            Ok(t.current)
+        })
+    }
+    async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+        self.with(|t| t.events(range, after, until))
+    }
+    fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
+        self.feed.subscribe()
+    }
+    async fn leases(&self) -> Result<Vec<(LeaseId, i64)>> {
+        self.with(|t| Ok(t.lease_list()))
+    }
+    async fn lease_keys(&self, id: LeaseId) -> Result<Vec<Vec<u8>>> {
+        self.with(|t| {
+            let rev = t.current;
+            t.keys_with_lease(id, rev)
+        })
+    }
+    async fn status(&self) -> Result<BackendStatus> {
+        self.with(|t| {
+            let size: usize = t
+                .keys
+                .iter()
+                .map(|(k, h)| {
+                    k.len()
+                        + h.iter()
+                            .map(|(_, kv)| kv.as_ref().map_or(16, |kv| kv.key.len() + kv.value.len() + 40))
+                            .sum::<usize>()
+                })
+                .sum();
+            Ok(BackendStatus { db_size: size as i64, db_size_in_use: size as i64 })
+        })
+    }
+    async fn defragment(&self) -> Result<()> {
+        self.with(|_| Ok(()))
+    }
+    async fn close(&self) {
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}

@@ -1,0 +1,154 @@
+//! etcd KV requests and responses as plain Rust types (mirroring `etcdserverpb`, minus gRPC).
+
+use crate::types::{KeyRange, KeyValue, LeaseId, Revision};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SortOrder {
+    #[default]
+    None,
+    Ascend,
+    Descend,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SortTarget {
+    #[default]
+    Key,
+    Version,
+    Create,
+    Mod,
+    Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeRequest {
+    pub range: KeyRange,
+    /// 0 = no limit.
+    pub limit: i64,
+    /// 0 (or negative) = current revision.
+    pub revision: Revision,
+    pub sort_order: SortOrder,
+    pub sort_target: SortTarget,
+    pub serializable: bool,
+    pub keys_only: bool,
+    pub count_only: bool,
+    pub min_mod_revision: Revision,
+    pub max_mod_revision: Revision,
+    pub min_create_revision: Revision,
+    pub max_create_revision: Revision,
+}
+
+impl RangeRequest {
+    pub fn new(range: KeyRange) -> RangeRequest {
+        RangeRequest {
+            range,
+            limit: 0,
+            revision: 0,
+            sort_order: SortOrder::None,
+            sort_target: SortTarget::Key,
+            serializable: false,
+            keys_only: false,
+            count_only: false,
+            min_mod_revision: 0,
+            max_mod_revision: 0,
+            min_create_revision: 0,
+            max_create_revision: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeResponse {
+    pub kvs: Vec<KeyValue>,
+    pub more: bool,
+    pub count: i64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PutRequest {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub lease: LeaseId,
+    pub prev_kv: bool,
+    pub ignore_value: bool,
+    pub ignore_lease: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PutResponse {
+    pub prev_kv: Option<KeyValue>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeleteRangeRequest {
+    pub range: KeyRange,
+    pub prev_kv: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeleteRangeResponse {
+    pub deleted: i64,
+    pub prev_kvs: Vec<KeyValue>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareResult {
+    Equal,
+    Greater,
+    Less,
+    NotEqual,
+}
+
+/// What a compare looks at, with the operand to compare against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompareTarget {
+    Version(i64),
+    Create(Revision),
+    Mod(Revision),
+    Value(Vec<u8>),
+    Lease(LeaseId),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compare {
+    pub range: KeyRange,
+    pub result: CompareResult,
+    pub target: CompareTarget,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestOp {
+    Range(RangeRequest),
+    Put(PutRequest),
+    DeleteRange(DeleteRangeRequest),
+    Txn(TxnRequest),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResponseOp {
+    Range(RangeResponse),
+    Put(PutResponse),
+    DeleteRange(DeleteRangeResponse),
+    Txn(TxnResponse),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxnRequest {
+    pub compare: Vec<Compare>,
+    pub success: Vec<RequestOp>,
+    pub failure: Vec<RequestOp>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxnResponse {
+    pub succeeded: bool,
+    pub responses: Vec<ResponseOp>,
+}
+
+/// A response to any KV request with the store revision to report in its header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Revisioned<T> {
+    /// The store's current revision once the request took effect.
+    pub revision: Revision,
+    pub value: T,
+}

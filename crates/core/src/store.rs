@@ -1,0 +1,141 @@
+//! The etcd KV, lease and watch API in plain Rust: validation, then the backend.
+//! This is what the gRPC layer calls; it knows nothing of gRPC.
+
+use crate::backend::{Backend, BackendStatus};
+use crate::compactor::{self, CompactOptions};
+use crate::error::{Error, Result};
+use crate::lease::{Lessor, TimeToLive};
+use crate::request::*;
+use crate::shutdown::Shutdown;
+use crate::txn::{WriteOp, WriteResponse};
+use crate::types::{LeaseId, Revision};
+use crate::validate;
+use crate::watch::{self, WatchOptions, WatchRequest, WatchResponse};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub watch_progress_interval: Duration,
+    pub compact: CompactOptions,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { watch_progress_interval: Duration::from_secs(5), compact: CompactOptions::default() }
+    }
+}
+
+pub struct Store {
+    backend: Arc<dyn Backend>,
+    lessor: Arc<Lessor>,
+    options: StoreOptions,
+}
+
+impl Store {
+    pub async fn open(backend: Arc<dyn Backend>, options: StoreOptions) -> Result<Arc<Store>> {
+        let lessor = Lessor::load(backend.clone()).await?;
+        Ok(Arc::new(Store { backend, lessor, options }))
+    }
+
+    /// Starts the store's background tasks (lease expiry, automatic compaction).
+    pub fn spawn_tasks(&self, shutdown: &Shutdown) -> Vec<JoinHandle<()>> {
+        vec![
+            tokio::spawn(self.lessor.clone().run_expiry(shutdown.clone())),
+            tokio::spawn(compactor::run(self.backend.clone(), self.options.compact.clone(), shutdown.clone())),
+        ]
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        validate::range(&req)?;
+        // Every read is linearizable here, which also satisfies a serializable request.
+        self.backend.range(req).await
+    }
+
+    async fn txn_raw(&self, t: TxnRequest) -> Result<Revisioned<TxnResponse>> {
+        let r = self.backend.write(WriteOp::Txn(t)).await?;
+        match r.value {
+            WriteResponse::Txn(value) => Ok(Revisioned { revision: r.revision, value }),
+            other => Err(Error::Backend(anyhow::anyhow!("unexpected write response {other:?}"))),
+        }
+    }
+
+    pub async fn put(&self, req: PutRequest) -> Result<Revisioned<PutResponse>> {
+        validate::put(&req)?;
+        let r = self.txn_raw(TxnRequest { success: vec![RequestOp::Put(req)], ..Default::default() }).await?;
+        match r.value.responses.into_iter().next() {
+            Some(ResponseOp::Put(value)) => Ok(Revisioned { revision: r.revision, value }),
+            _ => Err(Error::Backend(anyhow::anyhow!("put produced no put response"))),
+        }
+    }
+
+    pub async fn delete_range(&self, req: DeleteRangeRequest) -> Result<Revisioned<DeleteRangeResponse>> {
+        validate::delete_range(&req)?;
+        let r = self.txn_raw(TxnRequest { success: vec![RequestOp::DeleteRange(req)], ..Default::default() }).await?;
+        match r.value.responses.into_iter().next() {
+            Some(ResponseOp::DeleteRange(value)) => Ok(Revisioned { revision: r.revision, value }),
+            _ => Err(Error::Backend(anyhow::anyhow!("delete produced no delete response"))),
+        }
+    }
+
+    pub async fn txn(&self, req: TxnRequest) -> Result<Revisioned<TxnResponse>> {
+        validate::txn(&req)?;
+        self.txn_raw(req).await
+    }
+
+    /// Compacts to `revision`. Returns the current revision.
+    pub async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.backend.compact(revision).await
+    }
+
+    pub async fn lease_grant(&self, id: LeaseId, ttl: i64) -> Result<(LeaseId, i64, Revision)> {
+        let (id, ttl) = self.lessor.grant(id, ttl).await?;
+        Ok((id, ttl, self.backend.revisions().await?.current))
+    }
+
+    pub async fn lease_revoke(&self, id: LeaseId) -> Result<Revision> {
+        self.lessor.revoke(id).await
+    }
+
+    pub fn lease_keep_alive(&self, id: LeaseId) -> Result<i64> {
+        self.lessor.keep_alive(id)
+    }
+
+    pub async fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> Result<Option<TimeToLive>> {
+        self.lessor.time_to_live(id, keys).await
+    }
+
+    pub fn lease_list(&self) -> Vec<LeaseId> {
+        self.lessor.list()
+    }
+
+    pub async fn current_revision(&self) -> Result<Revision> {
+        Ok(self.backend.revisions().await?.current)
+    }
+
+    pub async fn status(&self) -> Result<(BackendStatus, Revision)> {
+        let status = self.backend.status().await?;
+        Ok((status, self.current_revision().await?))
+    }
+
+    pub async fn defragment(&self) -> Result<()> {
+        self.backend.defragment().await
+    }
+
+    /// Starts one watch stream's session; it ends when `requests` closes or on shutdown.
+    pub fn watch(
+        &self,
+        requests: mpsc::Receiver<WatchRequest>,
+        out: mpsc::Sender<WatchResponse>,
+        shutdown: Shutdown,
+    ) -> JoinHandle<()> {
+        let options = WatchOptions { progress_interval: self.options.watch_progress_interval };
+        tokio::spawn(watch::run_session(self.backend.clone(), options, requests, out, shutdown))
+    }
+}

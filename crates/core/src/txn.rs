@@ -1,0 +1,254 @@
+//! The write engine: etcd's Txn / Put / DeleteRange / lease-revoke semantics over a [`WriteView`].
+//!
+//! Every write request is applied here, inside the backend's serialized write transaction, so
+//! all backends that can offer a [`WriteView`] share one implementation. A request that changes
+//! at least one key produces exactly one new revision; everything else produces none.
+
+use crate::error::{Error, Result};
+use crate::range;
+use crate::request::{
+    Compare, CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse,
+    RangeRequest, RequestOp, ResponseOp, TxnRequest, TxnResponse,
+};
+use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Revision, RevisionEvents};
+use crate::view::WriteView;
+
+/// A request that goes through the backend's writer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteOp {
+    Txn(TxnRequest),
+    LeaseGrant { id: LeaseId, ttl: i64 },
+    LeaseRevoke { id: LeaseId },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteResponse {
+    Txn(TxnResponse),
+    LeaseGranted,
+    LeaseRevoked,
+}
+
+/// The result of applying one [`WriteOp`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub response: WriteResponse,
+    /// The changes, when the op created a revision.
+    pub events: Option<RevisionEvents>,
+}
+
+impl Applied {
+    /// The store revision after this op, given the revision it was applied on.
+    pub fn revision_after(&self, base: Revision) -> Revision {
+        self.events.as_ref().map_or(base, |e| e.revision)
+    }
+}
+
+/// Applies one write op. On error nothing has been appended: all checks that can fail run
+/// before the first write, as in etcd.
+pub fn apply(view: &mut dyn WriteView, op: &WriteOp) -> Result<Applied> {
+    let base = view.revision();
+    let mut exec = Exec { view, base, events: Vec::new() };
+    let response = match op {
+        WriteOp::Txn(t) => {
+            let plan = exec.plan(t)?;
+            exec.check(t, &plan)?;
+            WriteResponse::Txn(exec.run(t, &plan)?)
+        }
+        WriteOp::LeaseGrant { id, ttl } => {
+            if exec.view.lease(*id)?.is_some() {
+                return Err(Error::LeaseExists);
+            }
+            exec.view.insert_lease(*id, *ttl)?;
+            WriteResponse::LeaseGranted
+        }
+        WriteOp::LeaseRevoke { id } => {
+            if exec.view.lease(*id)?.is_none() {
+                return Err(Error::LeaseNotFound);
+            }
+            let keys = exec.view.keys_with_lease(*id, base)?;
+            for key in keys {
+                exec.delete(&DeleteRangeRequest { range: KeyRange::single(key), prev_kv: false })?;
+            }
+            exec.view.remove_lease(*id)?;
+            WriteResponse::LeaseRevoked
+        }
+    };
+    let events =
+        if exec.events.is_empty() { None } else { Some(RevisionEvents { revision: base + 1, events: exec.events }) };
+    Ok(Applied { response, events })
+}
+
+/// Which branch each (nested) txn takes, decided on the pre-txn state before anything runs.
+struct Plan {
+    succeeded: bool,
+    /// One plan per nested `RequestOp::Txn` of the chosen branch, in order.
+    nested: Vec<Plan>,
+}
+
+struct Exec<'a> {
+    view: &'a mut dyn WriteView,
+    /// The committed revision this op builds on; writes land at `base + 1`.
+    base: Revision,
+    events: Vec<Event>,
+}
+
+impl Exec<'_> {
+    fn plan(&mut self, t: &TxnRequest) -> Result<Plan> {
+        let mut succeeded = true;
+        for c in &t.compare {
+            if !self.compare(c)? {
+                succeeded = false;
+                break;
+            }
+        }
+        let branch = if succeeded { &t.success } else { &t.failure };
+        let mut nested = Vec::new();
+        for op in branch {
+            if let RequestOp::Txn(inner) = op {
+                nested.push(self.plan(inner)?);
+            }
+        }
+        Ok(Plan { succeeded, nested })
+    }
+
+    fn compare(&mut self, c: &Compare) -> Result<bool> {
+        let kvs = self.view.scan(&c.range, self.base, 0, false)?;
+        if kvs.is_empty() {
+            // As etcd: a value compare on a missing key always fails; the other targets compare
+            // against zero values.
+            if matches!(c.target, CompareTarget::Value(_)) {
+                return Ok(false);
+            }
+            return Ok(compare_kv(c, &KeyValue::default()));
+        }
+        Ok(kvs.iter().all(|kv| compare_kv(c, kv)))
+    }
+
+    /// The checks etcd makes before applying: puts that keep the old value or lease need the
+    /// key, attached leases must exist, and ranges must name a readable revision.
+    fn check(&mut self, t: &TxnRequest, plan: &Plan) -> Result<()> {
+        let branch = if plan.succeeded { &t.success } else { &t.failure };
+        let mut nested = plan.nested.iter();
+        for op in branch {
+            match op {
+                RequestOp::Range(r) => {
+                    if r.revision > 0 {
+                        range::read_revision(r.revision, self.base, self.view.compact_revision())?;
+                    }
+                }
+                RequestOp::Put(p) => self.check_put(p)?,
+                RequestOp::DeleteRange(_) => {}
+                RequestOp::Txn(inner) => {
+                    let plan = nested.next().expect("one plan per nested txn");
+                    self.check(inner, plan)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_put(&mut self, p: &PutRequest) -> Result<()> {
+        if p.ignore_value || p.ignore_lease {
+            let exists = !self.view.scan(&KeyRange::single(p.key.clone()), self.base, 1, true)?.is_empty();
+            if !exists {
+                return Err(Error::KeyNotFound);
+            }
+        }
+        if p.lease != 0 && self.view.lease(p.lease)?.is_none() {
+            return Err(Error::LeaseNotFound);
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, t: &TxnRequest, plan: &Plan) -> Result<TxnResponse> {
+        let branch = if plan.succeeded { &t.success } else { &t.failure };
+        let mut nested = plan.nested.iter();
+        let mut responses = Vec::with_capacity(branch.len());
+        for op in branch {
+            responses.push(match op {
+                RequestOp::Range(r) => ResponseOp::Range(self.range(r)?),
+                RequestOp::Put(p) => ResponseOp::Put(self.put(p)?),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete(d)?),
+                RequestOp::Txn(inner) => {
+                    let plan = nested.next().expect("one plan per nested txn");
+                    ResponseOp::Txn(self.run(inner, plan)?)
+                }
+            });
+        }
+        Ok(TxnResponse { succeeded: plan.succeeded, responses })
+    }
+
+    /// The revision that reads inside this txn see: its own writes once it has made any.
+    fn read_rev(&self) -> Revision {
+        if self.events.is_empty() { self.base } else { self.base + 1 }
+    }
+
+    fn range(&mut self, r: &RangeRequest) -> Result<crate::request::RangeResponse> {
+        let rev = if r.revision > 0 { r.revision } else { self.read_rev() };
+        range::execute(&mut *self.view, r, rev)
+    }
+
+    fn put(&mut self, p: &PutRequest) -> Result<PutResponse> {
+        let rev = self.base + 1;
+        let prev = self.view.scan(&KeyRange::single(p.key.clone()), rev, 1, false)?.pop();
+        let kv = KeyValue {
+            key: p.key.clone(),
+            create_revision: prev.as_ref().map_or(rev, |kv| kv.create_revision),
+            mod_revision: rev,
+            version: prev.as_ref().map_or(1, |kv| kv.version + 1),
+            value: if p.ignore_value {
+                prev.as_ref().map(|kv| kv.value.clone()).unwrap_or_default()
+            } else {
+                p.value.clone()
+            },
+            lease: if p.ignore_lease { prev.as_ref().map_or(0, |kv| kv.lease) } else { p.lease },
+        };
+        let event = Event { kind: EventKind::Put, kv, prev_kv: prev.clone() };
+        self.view.append(rev, self.events.len(), &event)?;
+        self.events.push(event);
+        Ok(PutResponse { prev_kv: if p.prev_kv { prev } else { None } })
+    }
+
+    fn delete(&mut self, d: &DeleteRangeRequest) -> Result<DeleteRangeResponse> {
+        let rev = self.base + 1;
+        let live = self.view.scan(&d.range, rev, 0, false)?;
+        let deleted = live.len() as i64;
+        for prev in &live {
+            let event = Event {
+                kind: EventKind::Delete,
+                kv: KeyValue { key: prev.key.clone(), mod_revision: rev, ..Default::default() },
+                prev_kv: Some(prev.clone()),
+            };
+            self.view.append(rev, self.events.len(), &event)?;
+            self.events.push(event);
+        }
+        Ok(DeleteRangeResponse { deleted, prev_kvs: if d.prev_kv { live } else { Vec::new() } })
+    }
+}
+
+fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
+    let ord = match &c.target {
+        CompareTarget::Value(v) => kv.value.as_slice().cmp(v.as_slice()),
+        CompareTarget::Create(r) => kv.create_revision.cmp(r),
+        CompareTarget::Mod(r) => kv.mod_revision.cmp(r),
+        CompareTarget::Version(v) => kv.version.cmp(v),
+        CompareTarget::Lease(l) => kv.lease.cmp(l),
+    };
+    match c.result {
+        CompareResult::Equal => ord.is_eq(),
+        CompareResult::NotEqual => ord.is_ne(),
+        CompareResult::Greater => ord.is_gt(),
+        CompareResult::Less => ord.is_lt(),
+    }
+}
+
+/// etcd's checks for a Compact request.
+pub fn check_compact(rev: Revision, current: Revision, compacted: Revision) -> Result<()> {
+    if rev > current {
+        return Err(Error::FutureRevision);
+    }
+    if rev <= compacted {
+        return Err(Error::Compacted { compact_revision: compacted });
+    }
+    Ok(())
+}

@@ -1,0 +1,433 @@
+//! Watch fan-out: one session per client watch stream, fed by the backend's live feed.
+//!
+//! Each watch remembers `next`, the first revision it has not delivered yet, and the session
+//! remembers `pos`, the newest revision it knows to be committed. A watch is *synced* when
+//! `next > pos`: it has delivered every event up to `pos`. Synced watches are served from the
+//! live feed; the others (a start revision in the past, or a feed that lagged) read the gap from
+//! backend history in windows until they are synced. So a slow client is never dropped: it just
+//! catches up from history. Progress notifications report `pos` only while every watch is
+//! synced, so they never claim a revision whose events were not delivered.
+
+use crate::backend::Backend;
+use crate::error::Error;
+use crate::shutdown::Shutdown;
+use crate::types::{Event, EventKind, KeyRange, Revision, RevisionEvents};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc};
+
+/// Revisions read from history per catch-up step.
+const CATCH_UP_WINDOW: Revision = 1000;
+/// Event payload bytes gathered into one catch-up response before it is sent.
+const RESPONSE_BYTES: usize = 1 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchCreate {
+    /// 0 lets the server choose.
+    pub watch_id: i64,
+    pub range: KeyRange,
+    /// 0 means "from now".
+    pub start_revision: Revision,
+    pub prev_kv: bool,
+    pub progress_notify: bool,
+    pub no_put: bool,
+    pub no_delete: bool,
+    pub fragment: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchRequest {
+    Create(WatchCreate),
+    Cancel(i64),
+    Progress,
+}
+
+/// Watch id of a progress notification that answers a progress request for the whole stream.
+pub const BROADCAST_WATCH_ID: i64 = -1;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchResponse {
+    Created {
+        watch_id: i64,
+        revision: Revision,
+    },
+    /// The create was refused: etcd answers with a created-and-canceled response.
+    Rejected {
+        watch_id: i64,
+        revision: Revision,
+        reason: String,
+    },
+    Events {
+        watch_id: i64,
+        revision: Revision,
+        events: Vec<Event>,
+        fragment: bool,
+    },
+    Progress {
+        watch_id: i64,
+        revision: Revision,
+    },
+    Canceled {
+        watch_id: i64,
+        revision: Revision,
+        compact_revision: Revision,
+        reason: String,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct WatchOptions {
+    /// Period of progress notifications for watches created with `progress_notify`.
+    pub progress_interval: Duration,
+}
+
+struct Watch {
+    range: KeyRange,
+    next: Revision,
+    prev_kv: bool,
+    progress_notify: bool,
+    no_put: bool,
+    no_delete: bool,
+    fragment: bool,
+    /// No events sent since the last periodic progress tick.
+    idle: bool,
+}
+
+impl Watch {
+    fn select(&self, events: &[Event]) -> Vec<Event> {
+        events
+            .iter()
+            .filter(|e| self.range.contains(&e.kv.key))
+            .filter(|e| !(self.no_put && e.kind == EventKind::Put) && !(self.no_delete && e.kind == EventKind::Delete))
+            .map(|e| {
+                let mut e = e.clone();
+                if !self.prev_kv {
+                    e.prev_kv = None;
+                }
+                e
+            })
+            .collect()
+    }
+}
+
+/// Runs one watch stream until the client goes away or shutdown. `requests` closing ends it.
+pub async fn run_session(
+    backend: Arc<dyn Backend>,
+    options: WatchOptions,
+    mut requests: mpsc::Receiver<WatchRequest>,
+    out: mpsc::Sender<WatchResponse>,
+    mut shutdown: Shutdown,
+) {
+    // Subscribe before reading the revision: nothing committed after `pos` can be missed.
+    let feed = backend.subscribe();
+    let pos = match backend.revisions().await {
+        Ok(r) => r.current,
+        Err(e) => {
+            tracing::debug!(error = %e, "watch session cannot start");
+            return;
+        }
+    };
+    let mut session = Session {
+        backend,
+        feed,
+        pos,
+        watches: BTreeMap::new(),
+        next_id: 0,
+        last_header: 0,
+        progress_target: None,
+        tick_target: None,
+        out,
+    };
+    let mut ticker = tokio::time::interval(options.progress_interval);
+    ticker.tick().await;
+    loop {
+        let unsynced = session.first_unsynced();
+        let result = tokio::select! {
+            biased;
+            _ = shutdown.wait() => return,
+            req = requests.recv() => match req {
+                Some(req) => session.handle(req).await,
+                None => return,
+            },
+            item = session.feed.recv() => session.on_feed(item).await,
+            _ = ticker.tick() => session.on_tick().await,
+            _ = std::future::ready(()), if unsynced.is_some() => {
+                session.catch_up(unsynced.unwrap_or_default()).await
+            }
+        };
+        if result.is_err() {
+            return; // the client is gone
+        }
+        if session.flush_progress().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The client stopped listening.
+struct Gone;
+
+struct Session {
+    backend: Arc<dyn Backend>,
+    feed: broadcast::Receiver<Arc<RevisionEvents>>,
+    pos: Revision,
+    watches: BTreeMap<i64, Watch>,
+    next_id: i64,
+    /// Header revisions on a stream never go backwards.
+    last_header: Revision,
+    /// A progress request waiting for `pos` to reach this revision with every watch synced.
+    progress_target: Option<Revision>,
+    /// A periodic tick waiting the same way.
+    tick_target: Option<Revision>,
+    out: mpsc::Sender<WatchResponse>,
+}
+
+impl Session {
+    async fn send(&mut self, mut resp: WatchResponse) -> Result<(), Gone> {
+        let rev = match &mut resp {
+            WatchResponse::Created { revision, .. }
+            | WatchResponse::Rejected { revision, .. }
+            | WatchResponse::Events { revision, .. }
+            | WatchResponse::Progress { revision, .. }
+            | WatchResponse::Canceled { revision, .. } => revision,
+        };
+        *rev = (*rev).max(self.last_header);
+        self.last_header = *rev;
+        self.out.send(resp).await.map_err(|_| Gone)
+    }
+
+    fn first_unsynced(&self) -> Option<i64> {
+        self.watches.iter().find(|(_, w)| w.next <= self.pos).map(|(id, _)| *id)
+    }
+
+    async fn current_revision(&self) -> Option<Revision> {
+        match self.backend.revisions().await {
+            Ok(r) => Some(r.current),
+            Err(e) => {
+                tracing::debug!(error = %e, "watch: cannot read current revision");
+                None
+            }
+        }
+    }
+
+    async fn handle(&mut self, req: WatchRequest) -> Result<(), Gone> {
+        match req {
+            WatchRequest::Create(c) => self.create(c).await,
+            WatchRequest::Cancel(id) => {
+                if self.watches.remove(&id).is_some() {
+                    let revision = self.pos;
+                    self.send(WatchResponse::Canceled {
+                        watch_id: id,
+                        revision,
+                        compact_revision: 0,
+                        reason: String::new(),
+                    })
+                    .await?;
+                }
+                Ok(())
+            }
+            WatchRequest::Progress => {
+                if let Some(rev) = self.current_revision().await {
+                    self.progress_target = Some(rev);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn create(&mut self, c: WatchCreate) -> Result<(), Gone> {
+        let Ok(revs) = self.backend.revisions().await else {
+            let reason = "etcdserver: unhealthy cluster".to_string();
+            return self.send(WatchResponse::Rejected { watch_id: -1, revision: self.pos, reason }).await;
+        };
+        let current = revs.current;
+        if c.watch_id != 0 && self.watches.contains_key(&c.watch_id) {
+            let reason = "mvcc: duplicate watch ID provided on the WatchStream".to_string();
+            return self.send(WatchResponse::Rejected { watch_id: -1, revision: current, reason }).await;
+        }
+        if c.range.is_empty() {
+            let reason = "mvcc: watcher range is empty".to_string();
+            return self.send(WatchResponse::Rejected { watch_id: -1, revision: current, reason }).await;
+        }
+        let id = if c.watch_id != 0 {
+            c.watch_id
+        } else {
+            while self.watches.contains_key(&self.next_id) {
+                self.next_id += 1;
+            }
+            self.next_id += 1;
+            self.next_id - 1
+        };
+        self.send(WatchResponse::Created { watch_id: id, revision: current }).await?;
+        if c.start_revision < 0 {
+            return self.cancel_compacted(id, revs.compacted).await;
+        }
+        let next = if c.start_revision == 0 { current + 1 } else { c.start_revision };
+        self.watches.insert(
+            id,
+            Watch {
+                range: c.range,
+                next,
+                prev_kv: c.prev_kv,
+                progress_notify: c.progress_notify,
+                no_put: c.no_put,
+                no_delete: c.no_delete,
+                fragment: c.fragment,
+                idle: true,
+            },
+        );
+        Ok(())
+    }
+
+    async fn cancel_compacted(&mut self, id: i64, compacted: Revision) -> Result<(), Gone> {
+        self.watches.remove(&id);
+        let revision = self.pos;
+        let reason = "etcdserver: mvcc: required revision has been compacted".to_string();
+        self.send(WatchResponse::Canceled { watch_id: id, revision, compact_revision: compacted, reason }).await
+    }
+
+    async fn on_feed(&mut self, item: Result<Arc<RevisionEvents>, broadcast::error::RecvError>) -> Result<(), Gone> {
+        match item {
+            Ok(batch) => {
+                let r = batch.revision;
+                let mut sends = Vec::new();
+                for (id, w) in self.watches.iter_mut() {
+                    // Only a watch that has delivered everything before `r` takes it from the feed;
+                    // one behind reads it from history, one ahead (future start) skips it.
+                    if w.next == r {
+                        w.next = r + 1;
+                        let events = w.select(&batch.events);
+                        if !events.is_empty() {
+                            w.idle = false;
+                            sends.push(WatchResponse::Events {
+                                watch_id: *id,
+                                revision: r,
+                                events,
+                                fragment: w.fragment,
+                            });
+                        }
+                    }
+                }
+                self.pos = self.pos.max(r);
+                for resp in sends {
+                    self.send(resp).await?;
+                }
+                Ok(())
+            }
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                // Missed revisions are re-read from history by the catch-up path.
+                tracing::debug!(missed = n, "watch feed lagged; catching up from history");
+                if let Some(rev) = self.current_revision().await {
+                    self.pos = self.pos.max(rev);
+                }
+                Ok(())
+            }
+            Err(broadcast::error::RecvError::Closed) => {
+                // The backend is shutting down.
+                for id in self.watches.keys().copied().collect::<Vec<_>>() {
+                    let revision = self.pos;
+                    self.send(WatchResponse::Canceled {
+                        watch_id: id,
+                        revision,
+                        compact_revision: 0,
+                        reason: "etcdserver: server stopped".into(),
+                    })
+                    .await?;
+                }
+                self.watches.clear();
+                Err(Gone)
+            }
+        }
+    }
+
+    /// Reads one window of history for a watch that is behind.
+    async fn catch_up(&mut self, id: i64) -> Result<(), Gone> {
+        let Some(w) = self.watches.get(&id) else { return Ok(()) };
+        let after = w.next - 1;
+        let until = (after + CATCH_UP_WINDOW).min(self.pos);
+        let range = w.range.clone();
+        match self.backend.events(&range, after, until).await {
+            Ok(batches) => {
+                let Some(w) = self.watches.get_mut(&id) else { return Ok(()) };
+                w.next = until + 1;
+                let (fragment, mut pending, mut bytes) = (w.fragment, Vec::new(), 0usize);
+                let mut responses = Vec::new();
+                for batch in batches {
+                    let events = w.select(&batch.events);
+                    bytes += events.iter().map(|e| e.kv.key.len() + e.kv.value.len()).sum::<usize>();
+                    pending.extend(events);
+                    if bytes >= RESPONSE_BYTES {
+                        responses.push(std::mem::take(&mut pending));
+                        bytes = 0;
+                    }
+                }
+                if !pending.is_empty() {
+                    responses.push(pending);
+                }
+                if !responses.is_empty() {
+                    w.idle = false;
+                }
+                for events in responses {
+                    let revision = self.pos;
+                    self.send(WatchResponse::Events { watch_id: id, revision, events, fragment }).await?;
+                }
+                Ok(())
+            }
+            Err(Error::Compacted { compact_revision }) => self.cancel_compacted(id, compact_revision).await,
+            Err(e) => {
+                tracing::warn!(watch = id, error = %e, "watch cannot read history; cancelling it");
+                self.watches.remove(&id);
+                let revision = self.pos;
+                self.send(WatchResponse::Canceled {
+                    watch_id: id,
+                    revision,
+                    compact_revision: 0,
+                    reason: e.to_string(),
+                })
+                .await
+            }
+        }
+    }
+
+    async fn on_tick(&mut self) -> Result<(), Gone> {
+        if self.watches.values().any(|w| w.progress_notify) {
+            if let Some(rev) = self.current_revision().await {
+                self.tick_target = Some(rev);
+            }
+        }
+        Ok(())
+    }
+
+    fn synced_at(&self, target: Revision) -> bool {
+        self.pos >= target && self.watches.values().all(|w| w.next > self.pos)
+    }
+
+    /// Sends progress notifications whose conditions are now met.
+    async fn flush_progress(&mut self) -> Result<(), Gone> {
+        if let Some(target) = self.progress_target {
+            if self.synced_at(target) {
+                self.progress_target = None;
+                let revision = self.pos;
+                self.send(WatchResponse::Progress { watch_id: BROADCAST_WATCH_ID, revision }).await?;
+            }
+        }
+        if let Some(target) = self.tick_target {
+            if self.pos >= target {
+                self.tick_target = None;
+                let pos = self.pos;
+                let mut due = Vec::new();
+                for (id, w) in self.watches.iter_mut() {
+                    if w.progress_notify && w.idle && w.next > pos {
+                        due.push(*id);
+                    }
+                    w.idle = true;
+                }
+                for id in due {
+                    self.send(WatchResponse::Progress { watch_id: id, revision: pos }).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! Wiring: flags → backend → store → gRPC server, and the shutdown order.
+//!
+//! Shutdown order (on SIGINT/SIGTERM): stop accepting and end every stream (one shared
+//! shutdown signal), wait for in-flight requests (bounded), stop background tasks, close the
+//! backend (the SQLite writer finishes queued writes and checkpoints), remove the unix socket.
+
+use crate::cli::Cli;
+use crate::endpoint::{self, Endpoint};
+use crate::listen;
+use anyhow::{Context, Result, bail};
+use kine_core::backend::Backend;
+use kine_core::compactor::CompactOptions;
+use kine_core::shutdown::{self, Shutdown, ShutdownTrigger};
+use kine_core::store::{Store, StoreOptions};
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+/// How long in-flight requests may take to finish once shutdown starts.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn open_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
+    let endpoint = endpoint::parse(&cli.endpoint).map_err(anyhow::Error::msg)?;
+    let datastore_tls = [
+        ("--ca-file", cli.ca_file.is_some()),
+        ("--cert-file", cli.cert_file.is_some()),
+        ("--key-file", cli.key_file.is_some()),
+        ("--skip-verify", cli.skip_verify),
+    ];
+    let given: Vec<&str> = datastore_tls.iter().filter(|(_, set)| *set).map(|(name, _)| *name).collect();
+    if !given.is_empty() {
+        bail!(
+            "{} configure TLS to a network datastore; the {} endpoint has none",
+            given.join(", "),
+            match endpoint {
+                Endpoint::Sqlite { .. } => "sqlite",
+                Endpoint::Memory => "memory",
+            }
+        );
+    }
+    Ok(match endpoint {
+        Endpoint::Sqlite { path } => Arc::new(
+            kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path: path.clone() })
+                .with_context(|| format!("--endpoint: cannot open SQLite database {}", path.display()))?,
+        ),
+        Endpoint::Memory => Arc::new(kine_core::memory::MemoryBackend::new()),
+    })
+}
+
+fn server_tls(cli: &Cli) -> Result<Option<ServerTlsConfig>> {
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("{flag} {}: cannot read", path.display()))
+    };
+    match (&cli.server_cert_file, &cli.server_key_file) {
+        (None, None) => {
+            if cli.trusted_ca_file.is_some() {
+                bail!(
+                    "--trusted-ca-file needs --server-cert-file and --server-key-file (client certificates are only checked over TLS)"
+                );
+            }
+            Ok(None)
+        }
+        (Some(_), None) => bail!("--server-cert-file is set but --server-key-file is not"),
+        (None, Some(_)) => bail!("--server-key-file is set but --server-cert-file is not"),
+        (Some(cert), Some(key)) => {
+            let mut tls = ServerTlsConfig::new()
+                .identity(Identity::from_pem(read("--server-cert-file", cert)?, read("--server-key-file", key)?));
+            if let Some(ca) = &cli.trusted_ca_file {
+                tls = tls.client_ca_root(Certificate::from_pem(read("--trusted-ca-file", ca)?));
+            }
+            Ok(Some(tls))
+        }
+    }
+}
+
+/// Runs kine-rs until `stop` fires. Returns once everything is shut down.
+pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<()> {
+    let address = listen::parse(&cli.listen_address)?;
+    let tls = server_tls(&cli)?;
+    let backend = open_backend(&cli)?;
+    let store_options = StoreOptions {
+        watch_progress_interval: cli.watch_progress_notify_interval,
+        compact: CompactOptions {
+            interval: cli.compact_interval,
+            min_retain: cli.compact_min_retain,
+            batch_size: cli.compact_batch_size,
+            timeout: cli.compact_timeout,
+        },
+    };
+    let store = Store::open(backend.clone(), store_options).await.context("load leases")?;
+    let bound = listen::bind(&address, tls.is_some()).await?;
+    let tasks = store.spawn_tasks(&stop);
+    let revision = store.current_revision().await?;
+    tracing::info!(
+        backend = backend.name(),
+        revision,
+        listen = %bound.description,
+        tls = tls.is_some(),
+        "kine-rs ready: etcd clients connect to {}",
+        bound.client_url
+    );
+    let config = kine_server::ServerConfig {
+        max_request_bytes: cli.max_request_bytes as usize,
+        emulated_version: cli.emulated_etcd_version.clone(),
+        client_urls: vec![bound.client_url.clone()],
+    };
+    let server = tokio::spawn(kine_server::serve(store.clone(), config, bound.listener, tls, stop.clone()));
+    let mut stop_wait = stop.clone();
+    let mut server = server;
+    let served = tokio::select! {
+        r = &mut server => Some(r),
+        _ = stop_wait.wait() => None,
+    };
+    let result = match served {
+        // The server ended on its own: an error.
+        Some(r) => {
+            trigger.trigger();
+            match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(anyhow::Error::new(e).context("gRPC server failed")),
+                Err(e) => Err(anyhow::anyhow!("gRPC server task failed: {e}")),
+            }
+        }
+        None => {
+            tracing::info!("shutting down: draining requests");
+            match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
+                Ok(_) => {}
+                Err(_) => {
+                    tracing::warn!("requests still running after {DRAIN_TIMEOUT:?}; closing anyway");
+                    server.abort();
+                }
+            }
+            Ok(())
+        }
+    };
+    for task in tasks {
+        let _ = task.await;
+    }
+    backend.close().await;
+    if let Some(path) = bound.socket_path {
+        let _ = std::fs::remove_file(path);
+    }
+    tracing::info!("kine-rs stopped");
+    result
+}
+
+pub fn shutdown_channel() -> (ShutdownTrigger, Shutdown) {
+    shutdown::channel()
+}

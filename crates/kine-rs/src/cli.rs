@@ -1,0 +1,90 @@
+//! Command-line flags, compatible with kine's names; each also reads a `KINE_*` variable.
+
+use crate::duration;
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    duration::parse(s)
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = duration::parse(s)?;
+    if d.is_zero() {
+        return Err("must be greater than 0".into());
+    }
+    Ok(d)
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "kine-rs",
+    version,
+    about = "An etcd v3 API server on SQLite and other datastores, compatible with kine"
+)]
+pub struct Cli {
+    /// Address to serve the etcd API on: host:port, or unix://PATH for a unix socket (mode 0600)
+    #[arg(long, env = "KINE_LISTEN_ADDRESS", default_value = "0.0.0.0:2379")]
+    pub listen_address: String,
+
+    /// Datastore: sqlite://PATH (default ./db/state.db when empty) or memory://
+    #[arg(long, env = "KINE_ENDPOINT", default_value = "")]
+    pub endpoint: String,
+
+    /// CA file for verifying the datastore's TLS certificate (network datastores)
+    #[arg(long, env = "KINE_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate for the datastore connection (network datastores)
+    #[arg(long, env = "KINE_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+    /// Client key for the datastore connection (network datastores)
+    #[arg(long, env = "KINE_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Do not verify the datastore's TLS certificate (network datastores)
+    #[arg(long, env = "KINE_SKIP_VERIFY")]
+    pub skip_verify: bool,
+
+    /// Certificate for serving the etcd API over TLS
+    #[arg(long, env = "KINE_SERVER_CERT_FILE")]
+    pub server_cert_file: Option<PathBuf>,
+    /// Key for serving the etcd API over TLS
+    #[arg(long, env = "KINE_SERVER_KEY_FILE")]
+    pub server_key_file: Option<PathBuf>,
+    /// CA that etcd clients' certificates must be signed by (enables client-certificate auth)
+    #[arg(long, env = "KINE_TRUSTED_CA_FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+
+    /// Interval of watch progress notifications (must be > 0)
+    #[arg(long, env = "KINE_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
+    pub watch_progress_notify_interval: Duration,
+
+    /// etcd version reported by Maintenance.Status (kube-apiserver enables features by it)
+    #[arg(long, env = "KINE_EMULATED_ETCD_VERSION", default_value = "3.6.11")]
+    pub emulated_etcd_version: String,
+
+    /// Automatic compaction period; 0 leaves compaction to clients (kube-apiserver compacts)
+    #[arg(long, env = "KINE_COMPACT_INTERVAL", default_value = "0", value_parser = parse_duration)]
+    pub compact_interval: Duration,
+    /// Automatic compaction never removes the newest N revisions
+    #[arg(long, env = "KINE_COMPACT_MIN_RETAIN", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(0..))]
+    pub compact_min_retain: i64,
+    /// Revisions compacted per step of an automatic compaction
+    #[arg(long, env = "KINE_COMPACT_BATCH_SIZE", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
+    pub compact_batch_size: i64,
+    /// Time limit of one automatic compaction run (it resumes at the next interval)
+    #[arg(long, env = "KINE_COMPACT_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration)]
+    pub compact_timeout: Duration,
+
+    /// Largest write request accepted, in bytes (as etcd's --max-request-bytes)
+    #[arg(long, env = "KINE_MAX_REQUEST_BYTES", default_value_t = 1_572_864, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_request_bytes: u64,
+
+    /// Log format: plain or json
+    #[arg(long, env = "KINE_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]
+    pub log_format: String,
+
+    /// Log at debug level (RUST_LOG, when set, takes precedence)
+    #[arg(long, env = "KINE_DEBUG")]
+    pub debug: bool,
+}

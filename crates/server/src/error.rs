@@ -1,0 +1,75 @@
+//! The one place where kine-rs errors become gRPC statuses, with etcd's codes and exact texts
+//! (etcd's clients recognise errors by their message).
+
+use kine_core::Error;
+use tonic::{Code, Status};
+
+/// etcd's gRPC code and message for an error.
+pub fn code_and_message(e: &Error) -> (Code, String) {
+    let etcd = |code, text: &str| (code, text.to_string());
+    match e {
+        Error::Compacted { .. } => etcd(Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted"),
+        Error::FutureRevision => etcd(Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision"),
+        Error::EmptyKey => etcd(Code::InvalidArgument, "etcdserver: key is not provided"),
+        Error::KeyNotFound => etcd(Code::InvalidArgument, "etcdserver: key not found"),
+        Error::ValueProvided => etcd(Code::InvalidArgument, "etcdserver: value is provided"),
+        Error::LeaseProvided => etcd(Code::InvalidArgument, "etcdserver: lease is provided"),
+        Error::InvalidSortOption => etcd(Code::InvalidArgument, "etcdserver: invalid sort option"),
+        Error::TooManyOps => etcd(Code::InvalidArgument, "etcdserver: too many operations in txn request"),
+        Error::DuplicateKey => etcd(Code::InvalidArgument, "etcdserver: duplicate key given in txn request"),
+        Error::LeaseNotFound => etcd(Code::NotFound, "etcdserver: requested lease not found"),
+        Error::LeaseExists => etcd(Code::FailedPrecondition, "etcdserver: lease already exists"),
+        Error::LeaseTtlTooLarge => etcd(Code::OutOfRange, "etcdserver: too large lease TTL"),
+        Error::RequestTooLarge => etcd(Code::InvalidArgument, "etcdserver: request is too large"),
+        Error::Unsupported(what) => (Code::Unimplemented, what.clone()),
+        Error::InvalidArgument(what) => (Code::InvalidArgument, what.clone()),
+        Error::Unavailable(what) => (Code::Unavailable, what.clone()),
+        Error::Backend(err) => (Code::Unknown, format!("{err:#}")),
+    }
+}
+
+pub fn status(e: Error) -> Status {
+    let (code, message) = code_and_message(&e);
+    if code == Code::Unknown {
+        // A human should look at backend failures.
+        tracing::error!(error = %message, "request failed in the backend");
+    }
+    Status::new(code, message)
+}
+
+/// Shorthand for an unsupported RPC or field.
+pub fn unsupported(what: &str) -> Status {
+    status(Error::Unsupported(format!("{what} is not supported by kine-rs")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_codes_and_texts() {
+        let table: Vec<(Error, Code, &str)> = vec![
+            (
+                Error::Compacted { compact_revision: 3 },
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+            (Error::FutureRevision, Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision"),
+            (Error::EmptyKey, Code::InvalidArgument, "etcdserver: key is not provided"),
+            (Error::KeyNotFound, Code::InvalidArgument, "etcdserver: key not found"),
+            (Error::ValueProvided, Code::InvalidArgument, "etcdserver: value is provided"),
+            (Error::LeaseProvided, Code::InvalidArgument, "etcdserver: lease is provided"),
+            (Error::InvalidSortOption, Code::InvalidArgument, "etcdserver: invalid sort option"),
+            (Error::TooManyOps, Code::InvalidArgument, "etcdserver: too many operations in txn request"),
+            (Error::DuplicateKey, Code::InvalidArgument, "etcdserver: duplicate key given in txn request"),
+            (Error::LeaseNotFound, Code::NotFound, "etcdserver: requested lease not found"),
+            (Error::LeaseExists, Code::FailedPrecondition, "etcdserver: lease already exists"),
+            (Error::LeaseTtlTooLarge, Code::OutOfRange, "etcdserver: too large lease TTL"),
+            (Error::RequestTooLarge, Code::InvalidArgument, "etcdserver: request is too large"),
+        ];
+        for (err, code, text) in table {
+            let s = status(err);
+            assert_eq!((s.code(), s.message()), (code, text));
+        }
+    }
+}

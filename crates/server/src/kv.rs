@@ -1,0 +1,76 @@
+//! The etcd KV service.
+
+use crate::Context;
+use crate::convert;
+use crate::error::{status, unsupported};
+use kine_core::Error;
+use kine_proto::etcdserverpb as pb;
+use prost::Message;
+use std::pin::Pin;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+pub struct KvService(pub Context);
+
+impl KvService {
+    /// etcd rejects writes larger than `--max-request-bytes`.
+    fn check_size(&self, msg: &impl Message) -> Result<(), Status> {
+        if msg.encoded_len() > self.0.config.max_request_bytes {
+            return Err(status(Error::RequestTooLarge));
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl pb::kv_server::Kv for KvService {
+    async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
+        let req = convert::range_request(request.into_inner()).map_err(status)?;
+        let r = self.0.store.range(req).await.map_err(status)?;
+        Ok(Response::new(self.0.headers.range_response(r.value, r.revision)))
+    }
+
+    type RangeStreamStream = Pin<Box<dyn Stream<Item = Result<pb::RangeStreamResponse, Status>> + Send>>;
+
+    async fn range_stream(
+        &self,
+        _request: Request<pb::RangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        Err(unsupported("KV.RangeStream (etcd 3.7)"))
+    }
+
+    async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
+        let req = request.into_inner();
+        self.check_size(&req)?;
+        let r = self.0.store.put(convert::put_request(req)).await.map_err(status)?;
+        Ok(Response::new(self.0.headers.put_response(r.value, r.revision)))
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<pb::DeleteRangeRequest>,
+    ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let req = request.into_inner();
+        self.check_size(&req)?;
+        let r = self.0.store.delete_range(convert::delete_request(req)).await.map_err(status)?;
+        Ok(Response::new(self.0.headers.delete_response(r.value, r.revision)))
+    }
+
+    async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
+        let req = request.into_inner();
+        self.check_size(&req)?;
+        let req = convert::txn_request(req).map_err(status)?;
+        let r = self.0.store.txn(req).await.map_err(status)?;
+        Ok(Response::new(self.0.headers.txn_response(r.value, r.revision)))
+    }
+
+    async fn compact(
+        &self,
+        request: Request<pb::CompactionRequest>,
+    ) -> Result<Response<pb::CompactionResponse>, Status> {
+        // Compaction is always physical and synchronous here, so `physical` needs no handling.
+        let req = request.into_inner();
+        let revision = self.0.store.compact(req.revision).await.map_err(status)?;
+        Ok(Response::new(pb::CompactionResponse { header: self.0.headers.at(revision) }))
+    }
+}

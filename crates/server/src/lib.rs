@@ -1,0 +1,101 @@
+//! kine-rs gRPC layer: the etcd v3 services over a [`kine_core::store::Store`].
+//!
+//! The only crate that knows the protobuf types; the only place that builds a `tonic::Status`
+//! ([`error`]). It knows no datastore.
+
+mod cluster;
+mod convert;
+pub mod error;
+mod kv;
+mod lease;
+mod maintenance;
+mod watch;
+
+use kine_core::shutdown::Shutdown;
+use kine_core::store::Store;
+use kine_proto::etcdserverpb as pb;
+use std::sync::Arc;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::{Server, ServerTlsConfig};
+
+/// etcd's gRPC allowance on top of `--max-request-bytes`.
+const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Writes larger than this are rejected with "etcdserver: request is too large".
+    pub max_request_bytes: usize,
+    /// Reported by Maintenance.Status; kube-apiserver enables features by it.
+    pub emulated_version: String,
+    /// Reported by Cluster.MemberList.
+    pub client_urls: Vec<String>,
+}
+
+/// What every service needs.
+#[derive(Clone)]
+pub struct Context {
+    store: Arc<Store>,
+    headers: convert::Headers,
+    config: Arc<ServerConfig>,
+    shutdown: Shutdown,
+}
+
+pub enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+/// Serves the etcd API on `listener` until `shutdown` fires, then stops accepting, ends every
+/// stream and returns once in-flight requests are done.
+pub async fn serve(
+    store: Arc<Store>,
+    config: ServerConfig,
+    listener: Listener,
+    tls: Option<ServerTlsConfig>,
+    shutdown: Shutdown,
+) -> Result<(), tonic::transport::Error> {
+    let backend = store.backend().clone();
+    let max_decode = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
+    let ctx = Context {
+        store,
+        headers: convert::Headers { cluster_id: backend.cluster_id(), member_id: backend.member_id() },
+        config: Arc::new(config),
+        shutdown: shutdown.clone(),
+    };
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let router = builder
+        .add_service(pb::kv_server::KvServer::new(kv::KvService(ctx.clone())).max_decoding_message_size(max_decode))
+        .add_service(
+            pb::watch_server::WatchServer::new(watch::WatchService(ctx.clone())).max_decoding_message_size(max_decode),
+        )
+        .add_service(
+            pb::lease_server::LeaseServer::new(lease::LeaseService(ctx.clone())).max_decoding_message_size(max_decode),
+        )
+        .add_service(
+            pb::maintenance_server::MaintenanceServer::new(maintenance::MaintenanceService(ctx.clone()))
+                .max_decoding_message_size(max_decode),
+        )
+        .add_service(
+            pb::cluster_server::ClusterServer::new(cluster::ClusterService(ctx.clone()))
+                .max_decoding_message_size(max_decode),
+        );
+    let mut stop = shutdown;
+    let signal = async move { stop.wait().await };
+    match listener {
+        Listener::Tcp(l) => {
+            let incoming = TcpListenerStream::new(l).map(|s| {
+                if let Ok(s) = &s {
+                    let _ = s.set_nodelay(true);
+                }
+                s
+            });
+            router.serve_with_incoming_shutdown(incoming, signal).await
+        }
+        Listener::Unix(l) => router.serve_with_incoming_shutdown(UnixListenerStream::new(l), signal).await,
+    }
+}
+
+use tokio_stream::StreamExt as _;
