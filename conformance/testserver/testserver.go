@@ -153,7 +153,7 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 	// Registered before anything else can fail, so the process never
 	// outlives the test. Cleanups run in reverse order: this one runs before
 	// the removal of the temporary directories created above, so the log
-	// file still exists when it is printed.
+	// file still exists when it is printed (for startup failures too).
 	t.Cleanup(func() { srv.stop(t) })
 
 	scheme := "http"
@@ -167,7 +167,7 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 	clientURL := scheme + "://" + listen.Host
 
 	if err := srv.waitListening(listen.Host, startTimeout); err != nil {
-		t.Fatalf("kine-rs did not start: %v\n%s", err, srv.logTail())
+		t.Fatalf("kine-rs did not start: %v", err)
 	}
 
 	client, err := kubernetes.New(clientv3.Config{
@@ -178,13 +178,14 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 		Logger:      zaptest.NewLogger(t, zaptest.Level(zapcore.ErrorLevel)).Named("etcd-client"),
 	})
 	if err != nil {
-		t.Fatalf("connecting to kine-rs at %s: %v\n%s", clientURL, err, srv.logTail())
+		t.Fatalf("connecting to kine-rs at %s: %v", clientURL, err)
 	}
 	srv.client = client
 
 	if err := srv.waitReady(client, startTimeout); err != nil {
-		t.Fatalf("kine-rs at %s is not serving: %v\n%s", clientURL, err, srv.logTail())
+		t.Fatalf("kine-rs at %s is not serving: %v", clientURL, err)
 	}
+	srv.ready = true
 
 	// The suite inspects these recorders (e.g. to count reads), exactly as
 	// with the upstream test server.
@@ -272,6 +273,7 @@ type server struct {
 	exited  chan struct{} // closed when the process has exited
 	waitErr error         // valid once exited is closed
 	client  *kubernetes.Client
+	ready   bool // it answered a request: from now on it must not exit
 }
 
 func start(bin string, args []string, logPath string) (*server, error) {
@@ -357,8 +359,11 @@ func (s *server) stop(t testing.TB) {
 	}
 	if s.hasExited() {
 		// The server must live as long as the test; dying early is a bug
-		// (upstream reports embedded etcd errors the same way).
-		t.Errorf("kine-rs exited before the end of the test: %v", s.waitErr)
+		// (upstream reports embedded etcd errors the same way). A start-up
+		// failure has already been reported.
+		if s.ready {
+			t.Errorf("kine-rs exited before the end of the test: %v", s.waitErr)
+		}
 	} else {
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
 		select {

@@ -1,7 +1,10 @@
 //! The SQLite schema and its bookkeeping rows.
 //!
 //! `kv` holds one row per change of a key: a put (`deleted = 0`) or a deletion (`deleted = 1`).
-//! A revision may hold several rows (one Txn touching several keys); `sub` orders them.
+//! A revision may hold several rows (one Txn touching several keys); `sub` orders them. One key
+//! can even change twice in one revision (etcd allows a nested txn to put a key that a later
+//! nested txn deletes), so a key's latest version is the one with the greatest
+//! `(mod_revision, sub)`, never just the greatest `mod_revision`.
 //! `meta` holds the current and compact revisions and the store's ids; `lease` the leases.
 //! None of this bookkeeping consumes a revision.
 
@@ -22,7 +25,7 @@ CREATE TABLE IF NOT EXISTS kv (
     value           BLOB    NOT NULL,
     PRIMARY KEY (mod_revision, sub)
 ) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS kv_key_revision ON kv (key, mod_revision);
+CREATE UNIQUE INDEX IF NOT EXISTS kv_key_revision ON kv (key, mod_revision, sub);
 CREATE INDEX IF NOT EXISTS kv_lease ON kv (lease) WHERE lease != 0;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL);

@@ -25,6 +25,15 @@ fn key_condition(range: &KeyRange, column: &str) -> (String, Vec<Value>) {
     }
 }
 
+/// SQL condition: row `k` is its key's newest version at or below the revision bound to
+/// parameter `?{rev}`.
+fn latest(rev: usize) -> String {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= ?{rev}
+                     AND (n.mod_revision, n.sub) > (k.mod_revision, k.sub))"
+    )
+}
+
 fn kv_from_row(row: &Row<'_>, offset: usize) -> rusqlite::Result<KeyValue> {
     Ok(KeyValue {
         key: row.get(offset)?,
@@ -43,20 +52,21 @@ fn backend_err(e: impl Into<anyhow::Error>, what: &'static str) -> kine_core::Er
 impl ReadView for SqlView<'_> {
     fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
         let value = if keys_only { "x''" } else { "k.value" };
-        let (cond, mut args) = key_condition(range, "key");
+        let (cond, mut args) = key_condition(range, "k.key");
         args.push(Value::Integer(rev));
         let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
         let sql = if range.end == RangeEnd::Single {
             format!(
                 "SELECT k.key, k.create_revision, k.mod_revision, k.version, k.lease, {value}, k.deleted FROM kv k
-                 WHERE {cond} AND k.mod_revision <= ? ORDER BY k.mod_revision DESC LIMIT 1"
+                 WHERE {cond} AND k.mod_revision <= ? ORDER BY k.mod_revision DESC, k.sub DESC LIMIT 1"
             )
         } else {
             format!(
                 "SELECT k.key, k.create_revision, k.mod_revision, k.version, k.lease, {value}, k.deleted FROM kv k
-                 JOIN (SELECT key, MAX(mod_revision) AS mr FROM kv WHERE {cond} AND mod_revision <= ? GROUP BY key) m
-                   ON k.key = m.key AND k.mod_revision = m.mr
-                 WHERE k.deleted = 0 ORDER BY k.key {limit_sql}"
+                 WHERE {cond} AND k.mod_revision <= ?{rev} AND k.deleted = 0 AND {latest}
+                 ORDER BY k.key {limit_sql}",
+                rev = args.len(),
+                latest = latest(args.len()),
             )
         };
         let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| backend_err(e, "prepare range query"))?;
@@ -74,13 +84,12 @@ impl ReadView for SqlView<'_> {
     }
 
     fn count(&mut self, range: &KeyRange, rev: Revision) -> Result<i64> {
-        let (cond, mut args) = key_condition(range, "key");
+        let (cond, mut args) = key_condition(range, "k.key");
         args.push(Value::Integer(rev));
         let sql = format!(
-            "SELECT COUNT(*) FROM kv k
-             JOIN (SELECT key, MAX(mod_revision) AS mr FROM kv WHERE {cond} AND mod_revision <= ? GROUP BY key) m
-               ON k.key = m.key AND k.mod_revision = m.mr
-             WHERE k.deleted = 0"
+            "SELECT COUNT(*) FROM kv k WHERE {cond} AND k.mod_revision <= ?{rev} AND k.deleted = 0 AND {latest}",
+            rev = args.len(),
+            latest = latest(args.len()),
         );
         let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| backend_err(e, "prepare count query"))?;
         stmt.query_row(params_from_iter(args), |r| r.get(0)).map_err(|e| backend_err(e, "run count query"))
@@ -100,8 +109,9 @@ impl WriteView for SqlView<'_> {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT k.key FROM kv k WHERE k.lease = ?1 AND k.deleted = 0 AND k.mod_revision =
-                   (SELECT MAX(mod_revision) FROM kv WHERE key = k.key AND mod_revision <= ?2)
+                "SELECT k.key FROM kv k WHERE k.lease = ?1 AND k.mod_revision <= ?2 AND k.deleted = 0 AND
+                   NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= ?2
+                               AND (n.mod_revision, n.sub) > (k.mod_revision, k.sub))
                  ORDER BY k.key",
             )
             .map_err(|e| backend_err(e, "prepare lease keys query"))?;
@@ -173,8 +183,10 @@ pub fn events(
         "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted,
                 p.key, p.create_revision, p.mod_revision, p.version, p.lease, p.value, p.deleted
          FROM kv e
-         LEFT JOIN kv p ON p.key = e.key
-              AND p.mod_revision = (SELECT MAX(mod_revision) FROM kv WHERE key = e.key AND mod_revision < e.mod_revision)
+         LEFT JOIN kv p ON p.key = e.key AND (p.mod_revision, p.sub) < (e.mod_revision, e.sub)
+              AND NOT EXISTS (SELECT 1 FROM kv q WHERE q.key = e.key
+                              AND (q.mod_revision, q.sub) > (p.mod_revision, p.sub)
+                              AND (q.mod_revision, q.sub) < (e.mod_revision, e.sub))
          WHERE e.mod_revision > ? AND e.mod_revision <= ? AND {cond}
          ORDER BY e.mod_revision, e.sub"
     );

@@ -153,8 +153,8 @@ fn compact(conn: &mut Connection, shared: &Shared, rev: Revision) -> Result<Revi
         tx.execute(
             "DELETE FROM kv WHERE mod_revision <= ?2
                AND key IN (SELECT key FROM kv WHERE mod_revision > ?1 AND mod_revision <= ?2)
-               AND (deleted = 1 OR mod_revision <
-                    (SELECT MAX(k2.mod_revision) FROM kv k2 WHERE k2.key = kv.key AND k2.mod_revision <= ?2))",
+               AND (deleted = 1 OR EXISTS (SELECT 1 FROM kv n WHERE n.key = kv.key AND n.mod_revision <= ?2
+                                           AND (n.mod_revision, n.sub) > (kv.mod_revision, kv.sub)))",
             params![previous, rev],
         )
         .context("delete superseded versions")?;

@@ -77,7 +77,26 @@ impl MemTable {
             }
             !history.is_empty()
         });
-        self.log = self.log.split_off(&(rev + 1));
+        // History at or above `rev` stays. At `rev` itself only what survived compaction remains
+        // (as in a store that keeps rows, not events): puts that are still the key's version,
+        // whose previous versions are gone.
+        self.log = self.log.split_off(&rev);
+        if let Some(events) = self.log.get_mut(&rev) {
+            let keys = &self.keys;
+            events.retain(|e| {
+                e.kind == EventKind::Put
+                    && keys
+                        .get(&e.kv.key)
+                        .and_then(|h| h.first())
+                        .is_some_and(|(r, kv)| *r == rev && kv.as_ref() == Some(&e.kv))
+            });
+            for e in events.iter_mut() {
+                e.prev_kv = None;
+            }
+            if events.is_empty() {
+                self.log.remove(&rev);
+            }
+        }
         self.compacted = rev;
         Ok(())
     }
@@ -87,6 +106,9 @@ impl MemTable {
             return Err(Error::Compacted { compact_revision: self.compacted });
         }
         let mut out = Vec::new();
+        if after >= until {
+            return Ok(out);
+        }
         for (rev, events) in self.log.range(after + 1..=until) {
             let events: Vec<Event> = events.iter().filter(|e| range.contains(&e.kv.key)).cloned().collect();
             if !events.is_empty() {

@@ -34,7 +34,9 @@ pub fn execute(view: &mut dyn ReadView, req: &RangeRequest, rev: Revision) -> Re
     // Sorting or filtering needs every key; otherwise fetch one more than asked to learn `more`.
     let fetch_all = req.sort_order != SortOrder::None || filtered || req.limit <= 0;
     let fetch = if fetch_all { 0 } else { req.limit as usize + 1 };
-    let mut kvs = view.scan(&req.range, rev, fetch, req.keys_only)?;
+    // Values are needed to sort by value even when only keys are returned.
+    let scan_keys_only = req.keys_only && req.sort_target != SortTarget::Value;
+    let mut kvs = view.scan(&req.range, rev, fetch, scan_keys_only)?;
     // `count` is every live key in the range, before filters and limit (as etcd).
     let count = if fetch == 0 || kvs.len() < fetch { kvs.len() as i64 } else { view.count(&req.range, rev)? };
     if filtered {

@@ -79,7 +79,7 @@ impl KeyRange {
 
     /// Every key (what `key = "\0", range_end = "\0"` asks for).
     pub fn all() -> KeyRange {
-        KeyRange { start: Vec::new(), end: RangeEnd::Unbounded }
+        KeyRange { start: vec![0], end: RangeEnd::Unbounded }
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {
