@@ -126,7 +126,7 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 		t.Fatal("config has no ListenClientUrls")
 	}
 	listen := cfg.ListenClientUrls[0]
-	useTLS := listen.Scheme == "https" || listen.Scheme == "unixs"
+	useTLS := listen.Scheme == "https"
 
 	args := []string{
 		"--endpoint", endpoint,

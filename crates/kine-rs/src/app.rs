@@ -17,7 +17,7 @@ use std::time::Duration;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// How long in-flight requests may take to finish once shutdown starts.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn open_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
     let endpoint = endpoint::parse(&cli.endpoint).map_err(anyhow::Error::msg)?;

@@ -1,0 +1,121 @@
+//! Starts the real `kine-rs` binary for end-to-end tests and connects etcd clients to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use kine_testkit::TempDir;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_kine-rs");
+
+/// A running kine-rs process; killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    /// Everything the process wrote to stderr so far.
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts kine-rs with `args` (a listen address on a free port is added unless given).
+    pub fn start(args: &[&str]) -> Server {
+        Self::start_in(None, args)
+    }
+
+    pub fn start_in(dir: Option<&Path>, args: &[&str]) -> Server {
+        let mut cmd = Command::new(BIN);
+        if !args.iter().any(|a| a.starts_with("--listen-address")) {
+            cmd.args(["--listen-address", "127.0.0.1:0"]);
+        }
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).env_remove("RUST_LOG");
+        if let Some(dir) = dir {
+            cmd.current_dir(dir);
+        }
+        let mut child = cmd.spawn().expect("spawn kine-rs");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(i) = line.find("clients connect to ") {
+                    let url = line[i + "clients connect to ".len()..].split_whitespace().next().unwrap_or("").to_string();
+                    let _ = tx.send(url);
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let url = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(url) => url,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("kine-rs did not become ready; log:\n{}", log.lock().unwrap());
+            }
+        };
+        Server { child, url, log }
+    }
+
+    pub async fn client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect([self.url.as_str()], None).await.expect("connect etcd client")
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-s", signal, &pid]).status().expect("kill");
+    }
+
+    /// Sends a signal and waits for the exit status, without blocking the async runtime (the
+    /// test's clients must keep answering the server's HTTP/2 shutdown handshake).
+    pub async fn stop(&mut self, signal: &str) -> std::process::ExitStatus {
+        self.signal(signal);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!("kine-rs did not exit after {signal}; log:\n{}", self.log.lock().unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A kine-rs on a fresh SQLite database in its own temp dir.
+pub fn sqlite_server(extra: &[&str]) -> (Server, TempDir) {
+    let dir = TempDir::new("e2e");
+    let endpoint = format!("sqlite://{}", dir.path().join("state.db").display());
+    let mut args = vec!["--endpoint", endpoint.as_str()];
+    args.extend_from_slice(extra);
+    (Server::start(&args), dir)
+}
+
+pub fn db_endpoint(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("state.db").display())
+}
+
+/// Runs a command, returning (status ok, stdout, stderr).
+pub fn run(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+pub fn path_buf(p: &Path) -> PathBuf {
+    p.to_path_buf()
+}
