@@ -14,12 +14,15 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 
 /// The whole key history, in memory.
+/// One key's versions in revision order; `None` marks a deletion.
+type History = Vec<(Revision, Option<KeyValue>)>;
+
 #[derive(Debug)]
 pub struct MemTable {
     current: Revision,
     compacted: Revision,
     /// Per key, its versions in revision order; `None` marks a deletion.
-    keys: BTreeMap<Vec<u8>, Vec<(Revision, Option<KeyValue>)>>,
+    keys: BTreeMap<Vec<u8>, History>,
     /// Per revision, its events (for watch catch-up).
     log: BTreeMap<Revision, Vec<Event>>,
     leases: HashMap<LeaseId, i64>,
@@ -32,10 +35,7 @@ impl Default for MemTable {
 }
 
 impl MemTable {
-    fn keys_in<'a>(
-        &'a self,
-        range: &'a KeyRange,
-    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Vec<(Revision, Option<KeyValue>)>)> + 'a> {
+    fn keys_in<'a>(&'a self, range: &'a KeyRange) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a History)> + 'a> {
         match &range.end {
             RangeEnd::Single => Box::new(self.keys.get_key_value(&range.start).into_iter()),
             _ if range.is_empty() => Box::new(std::iter::empty()),

@@ -99,7 +99,7 @@ impl Watch {
         events
             .iter()
             .filter(|e| self.range.contains(&e.kv.key))
-            .filter(|e| !(self.no_put && e.kind == EventKind::Put) && !(self.no_delete && e.kind == EventKind::Delete))
+            .filter(|e| !(self.no_put && e.kind == EventKind::Put || self.no_delete && e.kind == EventKind::Delete))
             .map(|e| {
                 let mut e = e.clone();
                 if !self.prev_kv {
@@ -391,10 +391,10 @@ impl Session {
     }
 
     async fn on_tick(&mut self) -> Result<(), Gone> {
-        if self.watches.values().any(|w| w.progress_notify) {
-            if let Some(rev) = self.current_revision().await {
-                self.tick_target = Some(rev);
-            }
+        if self.watches.values().any(|w| w.progress_notify)
+            && let Some(rev) = self.current_revision().await
+        {
+            self.tick_target = Some(rev);
         }
         Ok(())
     }
@@ -405,27 +405,27 @@ impl Session {
 
     /// Sends progress notifications whose conditions are now met.
     async fn flush_progress(&mut self) -> Result<(), Gone> {
-        if let Some(target) = self.progress_target {
-            if self.synced_at(target) {
-                self.progress_target = None;
-                let revision = self.pos;
-                self.send(WatchResponse::Progress { watch_id: BROADCAST_WATCH_ID, revision }).await?;
-            }
+        if let Some(target) = self.progress_target
+            && self.synced_at(target)
+        {
+            self.progress_target = None;
+            let revision = self.pos;
+            self.send(WatchResponse::Progress { watch_id: BROADCAST_WATCH_ID, revision }).await?;
         }
-        if let Some(target) = self.tick_target {
-            if self.pos >= target {
-                self.tick_target = None;
-                let pos = self.pos;
-                let mut due = Vec::new();
-                for (id, w) in self.watches.iter_mut() {
-                    if w.progress_notify && w.idle && w.next > pos {
-                        due.push(*id);
-                    }
-                    w.idle = true;
+        if let Some(target) = self.tick_target
+            && self.pos >= target
+        {
+            self.tick_target = None;
+            let pos = self.pos;
+            let mut due = Vec::new();
+            for (id, w) in self.watches.iter_mut() {
+                if w.progress_notify && w.idle && w.next > pos {
+                    due.push(*id);
                 }
-                for id in due {
-                    self.send(WatchResponse::Progress { watch_id: id, revision: pos }).await?;
-                }
+                w.idle = true;
+            }
+            for id in due {
+                self.send(WatchResponse::Progress { watch_id: id, revision: pos }).await?;
             }
         }
         Ok(())

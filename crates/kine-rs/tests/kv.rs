@@ -127,7 +127,10 @@ async fn pagination_count_and_range_options() {
     let r = c.get("/registry/cm/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap();
     assert_eq!((r.count(), r.kvs().len()), (25, 0));
     let r = c
-        .get("/registry/cm/", Some(GetOptions::new().with_prefix().with_sort(SortTarget::Mod, SortOrder::Descend).with_limit(1)))
+        .get(
+            "/registry/cm/",
+            Some(GetOptions::new().with_prefix().with_sort(SortTarget::Mod, SortOrder::Descend).with_limit(1)),
+        )
         .await
         .unwrap();
     assert_eq!(r.kvs()[0].key(), b"/registry/cm/24");

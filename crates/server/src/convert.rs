@@ -182,3 +182,42 @@ impl Headers {
         pb::TxnResponse { header: self.at(revision), succeeded: r.succeeded, responses }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_range_enums_are_rejected() {
+        let bad_target = pb::TxnRequest {
+            compare: vec![pb::Compare { key: b"k".to_vec(), target: 42, ..Default::default() }],
+            ..Default::default()
+        };
+        let err = txn_request(bad_target).unwrap_err();
+        assert_eq!(err.to_string(), "etcdserver: unknown compare target 42");
+        let bad_result = pb::TxnRequest {
+            compare: vec![pb::Compare { key: b"k".to_vec(), result: 9, ..Default::default() }],
+            ..Default::default()
+        };
+        assert_eq!(txn_request(bad_result).unwrap_err().to_string(), "etcdserver: unknown compare result 9");
+        let bad_sort = pb::RangeRequest { key: b"k".to_vec(), sort_order: 7, ..Default::default() };
+        assert!(matches!(range_request(bad_sort), Err(Error::InvalidSortOption)));
+        let empty_op = pb::TxnRequest { success: vec![pb::RequestOp { request: None }], ..Default::default() };
+        assert!(txn_request(empty_op).is_err());
+    }
+
+    #[test]
+    fn a_missing_operand_compares_as_zero() {
+        let t = pb::TxnRequest {
+            compare: vec![pb::Compare {
+                key: b"k".to_vec(),
+                target: pb::compare::CompareTarget::Mod as i32,
+                target_union: None,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let t = txn_request(t).unwrap();
+        assert_eq!(t.compare[0].target, core::CompareTarget::Mod(0));
+    }
+}

@@ -41,13 +41,16 @@ impl Server {
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                {
+                    let mut l = sink.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
                 if let Some(i) = line.find("clients connect to ") {
-                    let url = line[i + "clients connect to ".len()..].split_whitespace().next().unwrap_or("").to_string();
+                    let url =
+                        line[i + "clients connect to ".len()..].split_whitespace().next().unwrap_or("").to_string();
                     let _ = tx.send(url);
                 }
-                let mut l = sink.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
             }
         });
         let url = match rx.recv_timeout(Duration::from_secs(30)) {
@@ -113,7 +116,11 @@ pub fn db_endpoint(dir: &Path) -> String {
 /// Runs a command, returning (status ok, stdout, stderr).
 pub fn run(cmd: &mut Command) -> (bool, String, String) {
     let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 pub fn path_buf(p: &Path) -> PathBuf {

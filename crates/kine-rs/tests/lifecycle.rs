@@ -1,0 +1,198 @@
+//! The process: flag errors, the default endpoint, unix sockets, graceful shutdown,
+//! and maintenance RPCs.
+
+mod common;
+use common::*;
+use etcd_client::*;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+fn fails_with(args: &[&str], expected: &str) {
+    let (ok, _, stderr) = run(Command::new(BIN).args(args).env_remove("RUST_LOG"));
+    assert!(!ok, "kine-rs {args:?} should fail");
+    assert!(stderr.contains(expected), "kine-rs {args:?}: expected {expected:?} in:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "kine-rs {args:?} panicked:\n{stderr}");
+}
+
+#[test]
+fn bad_flags_fail_at_start_naming_the_problem() {
+    let l = ["--listen-address", "127.0.0.1:0"];
+    fails_with(
+        &[&l[..], &["--endpoint", "redis://x"]].concat(),
+        "--endpoint \"redis://x\": unknown datastore scheme \"redis\"",
+    );
+    fails_with(&[&l[..], &["--endpoint", "nonsense"]].concat(), "invalid datastore endpoint");
+    fails_with(&[&l[..], &["--endpoint", "sqlite://x.db?_journal=DELETE"]].concat(), "_journal=DELETE");
+    fails_with(&[&l[..], &["--endpoint", "postgres://u@h/db"]].concat(), "postgres backend is not available");
+    fails_with(&["--watch-progress-notify-interval", "0"], "--watch-progress-notify-interval");
+    fails_with(&["--compact-interval", "5"], "missing unit");
+    fails_with(&["--log-format", "xml"], "--log-format");
+    fails_with(&["--listen-address", "nowhere"], "--listen-address \"nowhere\"");
+    fails_with(&[&l[..], &["--endpoint", "memory://", "--trusted-ca-file", "/x"]].concat(), "--trusted-ca-file needs");
+    fails_with(
+        &[&l[..], &["--endpoint", "memory://", "--server-cert-file", "/x"]].concat(),
+        "--server-key-file is not",
+    );
+    fails_with(
+        &[&l[..], &["--endpoint", "memory://", "--ca-file", "/x"]].concat(),
+        "--ca-file configure TLS to a network datastore",
+    );
+    let dir = TempDir::new("badpath");
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let endpoint = format!("sqlite://{}/sub/state.db", file.display());
+    fails_with(&[&l[..], &["--endpoint", &endpoint]].concat(), "--endpoint: cannot open SQLite database");
+}
+
+#[test]
+fn env_vars_configure_like_flags() {
+    let (ok, _, stderr) =
+        run(Command::new(BIN).env("KINE_ENDPOINT", "bogus://").env("KINE_LISTEN_ADDRESS", "127.0.0.1:0"));
+    assert!(!ok);
+    assert!(stderr.contains("unknown datastore scheme \"bogus\""), "{stderr}");
+}
+
+#[tokio::test]
+async fn default_endpoint_is_sqlite_under_db_with_private_dir() {
+    let dir = TempDir::new("default");
+    let mut server = Server::start_in(Some(dir.path()), &[]);
+    assert!(server.log().contains("backend=\"sqlite\""), "{}", server.log());
+    let mut c = server.client().await;
+    c.put("x", "1", None).await.unwrap();
+    let db_dir = dir.path().join("db");
+    assert!(db_dir.join("state.db").exists());
+    assert_eq!(std::fs::metadata(&db_dir).unwrap().permissions().mode() & 0o777, 0o700);
+    assert!(server.stop("INT").await.success());
+}
+
+#[tokio::test]
+async fn graceful_shutdown_under_load_keeps_every_acknowledged_write() {
+    let dir = TempDir::new("shutdown");
+    let endpoint = db_endpoint(dir.path());
+    let mut server = Server::start(&["--endpoint", &endpoint]);
+    let c = server.client().await;
+    let mut watcher = c.clone();
+    let mut w = watcher.watch("/s/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    w.message().await.unwrap();
+    let mut writers = Vec::new();
+    for t in 0..8 {
+        let mut c = c.clone();
+        writers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0.. {
+                match c.put(format!("/s/{t}/{i}"), "v", None).await {
+                    Ok(_) => acked.push(format!("/s/{t}/{i}")),
+                    Err(_) => break,
+                }
+            }
+            acked
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let status = server.stop("TERM").await;
+    assert!(status.success(), "exit status {status:?}; log:\n{}", server.log());
+    let log = server.log();
+    assert!(log.contains("received SIGTERM") && log.contains("kine-rs stopped"), "{log}");
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.extend(w.await.unwrap());
+    }
+    assert!(!acked.is_empty());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    let mut c = server.client().await;
+    let r = c.get("/s/", Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
+    let stored: std::collections::HashSet<String> =
+        r.kvs().iter().map(|kv| kv.key_str().unwrap().to_string()).collect();
+    for key in &acked {
+        assert!(stored.contains(key), "acknowledged write {key} lost");
+    }
+}
+
+#[tokio::test]
+async fn second_signal_exits_at_once() {
+    let (mut server, _dir) = sqlite_server(&[]);
+    server.signal("INT");
+    server.signal("INT");
+    let status = server.stop("INT").await;
+    assert!(status.code() == Some(0) || status.code() == Some(1), "{status:?}");
+}
+
+#[tokio::test]
+async fn unix_socket_with_mode_0600_and_etcdctl() {
+    let dir = TempDir::new("unix");
+    let endpoint = db_endpoint(dir.path());
+    let mut server =
+        Server::start_in(Some(dir.path()), &["--listen-address", "unix://kine.sock", "--endpoint", &endpoint]);
+    assert!(server.log().contains("clients connect to unix://kine.sock"), "{}", server.log());
+    let sock = dir.path().join("kine.sock");
+    assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
+    let etcdctl = |args: &[&str]| {
+        run(Command::new("etcdctl")
+            .current_dir(dir.path())
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints=unix://kine.sock")
+            .args(args))
+    };
+    let (ok, out, err) = etcdctl(&["put", "sock", "works"]);
+    assert!(ok, "etcdctl put over the unix socket failed (is etcdctl installed?): {out} {err}");
+    let (ok, out, _) = etcdctl(&["get", "sock", "--print-value-only"]);
+    assert!(ok);
+    assert_eq!(out.trim(), "works");
+    assert!(server.stop("TERM").await.success());
+    assert!(!sock.exists(), "socket removed at shutdown");
+}
+
+#[tokio::test]
+async fn maintenance_status_defragment_alarm_members() {
+    let (server, _dir) = sqlite_server(&["--emulated-etcd-version", "3.6.99"]);
+    let mut c = server.client().await;
+    for i in 0..200 {
+        c.put(format!("big/{i}"), vec![b'x'; 4096], None).await.unwrap();
+    }
+    let s = c.status().await.unwrap();
+    assert_eq!(s.version(), "3.6.99");
+    assert_eq!(s.leader(), s.header().unwrap().member_id());
+    assert_eq!(s.raft_index(), 201);
+    assert!(s.db_size() > 800_000, "db size {}", s.db_size());
+    c.delete("big/", Some(DeleteOptions::new().with_prefix())).await.unwrap();
+    c.compact(202, None).await.unwrap();
+    let before = c.status().await.unwrap();
+    c.defragment().await.unwrap();
+    let after = c.status().await.unwrap();
+    assert!(
+        after.db_size() < before.db_size() / 4,
+        "defragment reclaimed space: {} -> {}",
+        before.db_size(),
+        after.db_size()
+    );
+    let alarms = c.alarm(AlarmAction::Get, AlarmType::None, None).await.unwrap();
+    assert!(alarms.alarms().is_empty());
+    let members = c.member_list().await.unwrap();
+    assert_eq!(members.members().len(), 1);
+    assert_eq!(members.members()[0].client_urls(), std::slice::from_ref(&server.url));
+}
+
+/// etcdctl 3.4 sends the dialled endpoint as the HTTP/2 `:authority` (an absolute socket path,
+/// or `http://host:port` for `endpoint status` and `defrag`); stock h2 reset those streams.
+#[tokio::test]
+async fn etcdctl_authority_forms_are_accepted() {
+    let dir = TempDir::new("authority");
+    let sock = dir.path().join("abs.sock");
+    let listen = format!("unix://{}", sock.display());
+    let mut server = Server::start(&["--listen-address", &listen, "--endpoint", "memory://"]);
+    let etcdctl = |endpoint: String, args: &[&str]| {
+        run(Command::new("etcdctl").env("ETCDCTL_API", "3").arg(format!("--endpoints={endpoint}")).args(args))
+    };
+    let (ok, out, err) = etcdctl(listen.clone(), &["put", "abs", "path"]);
+    assert!(ok, "put over an absolute unix socket path: {out}{err}");
+    let (ok, out, err) = etcdctl(listen.clone(), &["endpoint", "status"]);
+    assert!(ok && out.contains("3.6.11"), "endpoint status over unix: {out}{err}");
+    assert!(server.stop("TERM").await.success());
+
+    let (mut server, _d) = sqlite_server(&[]);
+    let (ok, out, err) = etcdctl(server.url.clone(), &["endpoint", "status"]);
+    assert!(ok && out.contains("3.6.11"), "endpoint status with an http:// endpoint: {out}{err}");
+    let (ok, out, err) = etcdctl(server.url.clone(), &["defrag"]);
+    assert!(ok && out.contains("Finished defragmenting"), "defrag with an http:// endpoint: {out}{err}");
+    assert!(server.stop("TERM").await.success());
+}
