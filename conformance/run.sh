@@ -154,7 +154,7 @@ if [[ "$failed" -gt 0 ]]; then
     grep -aE '^--- FAIL:' "$OUT" | sed 's/^--- FAIL: /  /'
     echo "full output: $OUT; server logs: $LOGS"
 fi
-echo "conformance $BACKEND: $passed passed, $failed failed, $skipped skipped"
+echo "conformance-$BACKEND: $passed passed, $failed failed, $skipped skipped"
 if [[ "$status" -ne 0 || "$failed" -gt 0 || "$passed" -eq 0 ]]; then
     [[ "$status" -ne 0 && "$failed" -eq 0 ]] && echo "go test exited with status $status (build failure, panic or timeout?); see $OUT"
     exit 1

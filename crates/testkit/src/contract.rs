@@ -271,6 +271,14 @@ pub async fn historical_reads_and_compaction(b: Arc<dyn Backend>) {
     let evs = b.events(&KeyRange::all(), 4, 6).await.unwrap();
     assert_eq!(evs.iter().map(|e| e.revision).collect::<Vec<_>>(), vec![6]);
     assert_eq!(evs[0].events[0].prev_kv.as_ref().unwrap().value, b"2");
+    // Compacting exactly to a put keeps that put's event (a watch may start at the compact
+    // revision, as in etcd); its previous version is gone. Found by the Kubernetes suite
+    // (TestWatchFromZero) on the memory backend.
+    s.compact(6).await.unwrap();
+    let evs = b.events(&KeyRange::all(), 5, 6).await.unwrap();
+    assert_eq!(evs.len(), 1, "the put at the compact revision survives");
+    assert_eq!((evs[0].revision, evs[0].events[0].kv.value.as_slice()), (6, b"3".as_slice()));
+    assert!(evs[0].events[0].prev_kv.is_none());
 }
 
 pub async fn events_carry_prev_kv_and_feed_is_ordered(b: Arc<dyn Backend>) {
