@@ -1,0 +1,237 @@
+//! The `nats://` endpoint, in kine's format:
+//! `nats://[user:pass@|token@]host[:port][,nats://host2[:port]...][?params]`.
+//! Credentials come from the first URL. Parameters may follow the first URL or the end of the
+//! whole list (as the format above reads); giving them in two places is an error. Every
+//! invalid value is an error that names the parameter (kine silently ignores some).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Credentials {
+    None,
+    UserPassword(String, String),
+    Token(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatsConfig {
+    /// `host:port` of each server (empty for a bare `nats://`).
+    pub servers: Vec<String>,
+    pub credentials: Credentials,
+    pub bucket: String,
+    pub replicas: usize,
+    pub rev_history: i64,
+    pub slow_method: Duration,
+    pub context_file: Option<PathBuf>,
+    pub creds_file: Option<PathBuf>,
+    /// Embedded-server parameters (kine's `nats` build tag).
+    pub no_embed: bool,
+    pub dont_listen: bool,
+    pub server_config: Option<PathBuf>,
+    pub stdout_logging: bool,
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            servers: Vec::new(),
+            credentials: Credentials::None,
+            bucket: "kine".into(),
+            replicas: 1,
+            rev_history: 10,
+            slow_method: Duration::from_millis(500),
+            context_file: None,
+            creds_file: None,
+            no_embed: false,
+            dont_listen: false,
+            server_config: None,
+            stdout_logging: false,
+            data_dir: None,
+        }
+    }
+}
+
+fn err(endpoint: &str, what: impl std::fmt::Display) -> String {
+    format!("--endpoint {endpoint:?}: {what}")
+}
+
+/// Decodes `%XX` escapes (credentials may contain reserved characters).
+fn unescape(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+pub fn parse(endpoint: &str, parse_duration: impl Fn(&str) -> Result<Duration, String>) -> Result<NatsConfig, String> {
+    let mut cfg = NatsConfig::default();
+    let mut params: Option<&str> = None;
+    for (i, url) in endpoint.split(',').enumerate() {
+        let rest = url
+            .strip_prefix("nats://")
+            .ok_or_else(|| err(endpoint, format!("every URL must start with nats:// (got {url:?})")))?;
+        let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if rest.contains('?') {
+            if params.is_some() {
+                return Err(err(
+                    endpoint,
+                    "parameters are given twice; give them once, after the first or the last URL",
+                ));
+            }
+            params = Some(query);
+        }
+        let authority = authority.trim_end_matches('/');
+        let hostport = match authority.rsplit_once('@') {
+            Some((userinfo, hostport)) => {
+                if i > 0 {
+                    return Err(err(endpoint, "credentials are only read from the first URL; move them there"));
+                }
+                cfg.credentials = match userinfo.split_once(':') {
+                    Some((user, pass)) => Credentials::UserPassword(
+                        unescape(user).ok_or_else(|| err(endpoint, "bad %-escape in the user name"))?,
+                        unescape(pass).ok_or_else(|| err(endpoint, "bad %-escape in the password"))?,
+                    ),
+                    None => Credentials::Token(
+                        unescape(userinfo).ok_or_else(|| err(endpoint, "bad %-escape in the token"))?,
+                    ),
+                };
+                hostport
+            }
+            None => authority,
+        };
+        if !hostport.is_empty() {
+            if let Some((_, port)) = hostport.rsplit_once(':')
+                && !port.ends_with(']')
+                && port.parse::<u16>().is_err()
+            {
+                return Err(err(endpoint, format!("invalid port in {hostport:?}")));
+            }
+            cfg.servers.push(hostport.to_string());
+        } else if i > 0 {
+            return Err(err(endpoint, format!("URL {} has no host", i + 1)));
+        }
+    }
+    if let Some(query) = params {
+        parse_params(endpoint, query, &mut cfg, &parse_duration)?;
+    }
+    if cfg.context_file.is_some() && !cfg.servers.is_empty() {
+        return Err(err(endpoint, "contextFile names the servers; do not give a host in the URL as well"));
+    }
+    Ok(cfg)
+}
+
+fn parse_params(
+    endpoint: &str,
+    query: &str,
+    cfg: &mut NatsConfig,
+    parse_duration: &impl Fn(&str) -> Result<Duration, String>,
+) -> Result<(), String> {
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = unescape(value).ok_or_else(|| err(endpoint, format!("bad %-escape in parameter {name}")))?;
+        let path = || -> Result<Option<PathBuf>, String> {
+            if value.is_empty() {
+                return Err(err(endpoint, format!("parameter {name} needs a file or directory")));
+            }
+            Ok(Some(PathBuf::from(&value)))
+        };
+        let flag = || -> Result<bool, String> {
+            match value.as_str() {
+                "" | "true" | "1" => Ok(true),
+                "false" | "0" => Ok(false),
+                other => Err(err(endpoint, format!("parameter {name}={other} must be true or false"))),
+            }
+        };
+        match name {
+            "bucket" => {
+                let valid =
+                    !value.is_empty() && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if !valid {
+                    return Err(err(endpoint, format!("bucket={value:?} must be letters, digits, '_' or '-'")));
+                }
+                cfg.bucket = value;
+            }
+            "replicas" => {
+                cfg.replicas = value
+                    .parse()
+                    .ok()
+                    .filter(|r| (1..=5).contains(r))
+                    .ok_or_else(|| err(endpoint, format!("replicas={value} must be a number from 1 to 5")))?;
+            }
+            "revHistory" => {
+                cfg.rev_history = value
+                    .parse()
+                    .ok()
+                    .filter(|r| (2..=64).contains(r))
+                    .ok_or_else(|| err(endpoint, format!("revHistory={value} must be a number from 2 to 64")))?;
+            }
+            "slowMethod" => {
+                cfg.slow_method =
+                    parse_duration(&value).map_err(|e| err(endpoint, format!("slowMethod={value}: {e}")))?;
+            }
+            "contextFile" => cfg.context_file = path()?,
+            "credsFile" => cfg.creds_file = path()?,
+            "noEmbed" => cfg.no_embed = flag()?,
+            "dontListen" => cfg.dont_listen = flag()?,
+            "serverConfig" => cfg.server_config = path()?,
+            "stdoutLogging" => cfg.stdout_logging = flag()?,
+            "dataDir" => cfg.data_dir = path()?,
+            other => return Err(err(endpoint, format!("unknown nats parameter {other:?}"))),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dur(s: &str) -> Result<Duration, String> {
+        s.strip_suffix("ms").and_then(|n| n.parse().ok()).map(Duration::from_millis).ok_or_else(|| "bad".to_string())
+    }
+
+    #[test]
+    fn kine_formats() {
+        let c = parse("nats://", dur).unwrap();
+        assert_eq!((c.servers.len(), c.bucket.as_str(), c.replicas, c.rev_history), (0, "kine", 1, 10));
+        let c =
+            parse("nats://u:p%40ss@h1:4222,nats://h2:4223?bucket=k8s&replicas=3&revHistory=20&slowMethod=250ms", dur)
+                .unwrap();
+        assert_eq!(c.servers, vec!["h1:4222", "h2:4223"]);
+        assert_eq!(c.credentials, Credentials::UserPassword("u".into(), "p@ss".into()));
+        assert_eq!((c.bucket.as_str(), c.replicas, c.rev_history), ("k8s", 3, 20));
+        assert_eq!(c.slow_method, Duration::from_millis(250));
+        let c = parse("nats://secret@127.0.0.1?noEmbed&dataDir=/var/lib/nats", dur).unwrap();
+        assert_eq!(c.credentials, Credentials::Token("secret".into()));
+        assert!(c.no_embed);
+        assert_eq!(c.data_dir, Some(PathBuf::from("/var/lib/nats")));
+    }
+
+    #[test]
+    fn invalid_values_name_the_parameter() {
+        let e = |s: &str| parse(s, dur).unwrap_err();
+        assert!(e("nats://h?replicas=7").contains("replicas=7"));
+        assert!(e("nats://h?replicas=x").contains("replicas=x"));
+        assert!(e("nats://h?revHistory=1").contains("revHistory=1"));
+        assert!(e("nats://h?slowMethod=soon").contains("slowMethod=soon"));
+        assert!(e("nats://h?bucket=a.b").contains("bucket="));
+        assert!(e("nats://h?colour=blue").contains("unknown nats parameter \"colour\""));
+        assert!(e("nats://h:notaport").contains("invalid port"));
+        assert!(e("nats://h,http://x").contains("must start with nats://"));
+        assert!(e("nats://h?contextFile=/x").contains("contextFile"));
+        assert!(e("nats://h?replicas=1,nats://j?bucket=b").contains("given twice"));
+        assert!(e("nats://u:p@h,nats://x:y@j").contains("first URL"));
+    }
+}
