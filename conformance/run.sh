@@ -46,10 +46,10 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 case "$BACKEND" in
-    sqlite|memory) ;;
-    postgres|mysql|nats|nats-embedded)
+    sqlite|memory|nats) ;;
+    postgres|mysql|nats-embedded)
         echo "run.sh: backend $BACKEND is not supported by the conformance harness yet" >&2; exit 2 ;;
-    *) echo "run.sh: --backend sqlite|memory is required" >&2; usage ;;
+    *) echo "run.sh: --backend sqlite|memory|nats is required" >&2; usage ;;
 esac
 [[ ${#PACKAGES[@]} -gt 0 ]] || PACKAGES=("${DEFAULT_PACKAGES[@]}")
 
@@ -126,6 +126,23 @@ rm -rf "$LOGS"
 mkdir -p "$LOGS"
 OUT="$WORK/test-$BACKEND.log"
 export KINE_RS_BIN="$BIN" KINE_RS_BACKEND="$BACKEND" KINE_RS_LOG_DIR="$LOGS"
+
+if [[ "$BACKEND" == nats ]]; then
+    # One nats-server with JetStream for the whole run; each test uses its own bucket.
+    NATS_BIN="${NATS_SERVER_BIN:-$(command -v nats-server || echo "$HOME/go/bin/nats-server")}"
+    [[ -x "$NATS_BIN" ]] || die "nats-server not found (go install github.com/nats-io/nats-server/v2@v2.15.2, or set NATS_SERVER_BIN)"
+    NATS_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+    rm -rf "$WORK/nats" && mkdir -p "$WORK/nats"
+    "$NATS_BIN" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$WORK/nats" >"$WORK/nats/server.log" 2>&1 &
+    NATS_PID=$!
+    trap 'kill $NATS_PID 2>/dev/null; wait $NATS_PID 2>/dev/null' EXIT
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$NATS_PORT") 2>/dev/null && break
+        sleep 0.1
+    done
+    export KINE_RS_NATS_URL="nats://127.0.0.1:$NATS_PORT"
+    log "nats-server $("$NATS_BIN" --version) on $KINE_RS_NATS_URL"
+fi
 
 # Compile first with the default parallelism (both cores)...
 log "compiling test binaries"

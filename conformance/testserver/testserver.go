@@ -10,7 +10,8 @@
 // Configuration comes from the environment:
 //
 //	KINE_RS_BIN         path of the kine-rs binary (required)
-//	KINE_RS_BACKEND     sqlite (default) or memory; see endpointFor
+//	KINE_RS_BACKEND     sqlite (default), memory or nats; see endpointFor
+//	KINE_RS_NATS_URL    nats://host:port of the nats-server for KINE_RS_BACKEND=nats
 //	KINE_RS_LOG_DIR     optional directory that keeps one server log per test
 //	                    (default: a per-test temporary directory)
 //	KINE_RS_EXTRA_ARGS  optional extra command-line arguments, split on spaces
@@ -203,14 +204,25 @@ func endpointFor(backend, dir string) (string, error) {
 		return "sqlite://" + filepath.Join(dir, "state.db"), nil
 	case "memory":
 		return "memory://", nil
-	case "postgres", "mysql", "nats", "nats-embedded":
-		// These need an external server (or a fresh database/bucket per
-		// test) that the harness does not provision yet.
+	case "nats":
+		// run.sh starts one nats-server for the run; every test gets a bucket of its own.
+		natsURL := os.Getenv("KINE_RS_NATS_URL")
+		if natsURL == "" {
+			return "", fmt.Errorf("KINE_RS_BACKEND=nats needs KINE_RS_NATS_URL (run.sh starts a nats-server and sets it)")
+		}
+		bucketSeq++
+		return fmt.Sprintf("%s?bucket=t%d-%d", natsURL, os.Getpid(), bucketSeq), nil
+	case "postgres", "mysql", "nats-embedded":
+		// These need a server (or a fresh database per test) that the
+		// harness does not provision yet.
 		return "", fmt.Errorf("KINE_RS_BACKEND=%s is not supported by the conformance harness yet", backend)
 	default:
-		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite or memory)", backend)
+		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite, memory or nats)", backend)
 	}
 }
+
+// bucketSeq numbers the NATS buckets of one test binary (servers start one at a time).
+var bucketSeq int
 
 // progressNotifyInterval returns the interval etcd would use for cfg.
 func progressNotifyInterval(cfg *embed.Config) time.Duration {

@@ -1,6 +1,10 @@
-//! The NATS JetStream backend (work in progress: the endpoint syntax and the key codec; the
-//! backend itself is not wired into the binary yet — `nats://` endpoints are refused).
-//! See `docs/nats.md` for the design.
+//! The NATS JetStream backend (`nats://`). See `docs/nats.md` for the design.
+//! Knows NATS and `kine-core`, nothing of gRPC.
 
+mod backend;
 pub mod codec;
 pub mod config;
+pub mod connect;
+pub mod message;
+
+pub use backend::{NatsBackend, NatsOptions};

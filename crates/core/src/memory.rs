@@ -52,6 +52,80 @@ impl MemTable {
         history.iter().rev().find(|(r, _)| *r <= rev).and_then(|(_, kv)| kv.as_ref())
     }
 
+    /// An empty table whose current revision is `revision` (a replica of a remote log).
+    pub fn at(revision: Revision) -> MemTable {
+        MemTable { current: revision, ..MemTable::default() }
+    }
+
+    /// Replica use: records revisions that carry no key change (the log's own bookkeeping).
+    pub fn advance(&mut self, revision: Revision) {
+        self.current = self.current.max(revision);
+    }
+
+    /// Replica use: the compact revision learnt from the shared store.
+    pub fn set_compacted(&mut self, revision: Revision) {
+        self.compacted = self.compacted.max(revision);
+    }
+
+    /// Replica use: applies one committed revision whose events were decided elsewhere.
+    /// `prev_kv` of each event is filled in from this table. Returns the completed events.
+    pub fn apply_committed(&mut self, revision: Revision, events: Vec<Event>) -> RevisionEvents {
+        let mut done = Vec::with_capacity(events.len());
+        for (i, mut event) in events.into_iter().enumerate() {
+            let prev = self.keys.get(&event.kv.key).and_then(|h| Self::live_at(h, revision)).cloned();
+            event.prev_kv = prev;
+            let _ = self.append(revision, i, &event);
+            done.push(event);
+        }
+        let ev = RevisionEvents { revision, events: done };
+        if !ev.events.is_empty() {
+            self.log.insert(revision, ev.events.clone());
+        }
+        self.current = self.current.max(revision);
+        ev
+    }
+
+    /// Runs a write op against the current state without keeping it: the response and the
+    /// events it would produce (at `current + 1`). The table is unchanged afterwards.
+    pub fn evaluate(&mut self, op: &WriteOp) -> Result<txn::Applied> {
+        let applied = txn::apply(self, op)?;
+        if let Some(ev) = &applied.events {
+            for e in ev.events.iter().rev() {
+                if let Some(history) = self.keys.get_mut(&e.kv.key) {
+                    history.pop();
+                    if history.is_empty() {
+                        self.keys.remove(&e.kv.key);
+                    }
+                }
+            }
+        }
+        Ok(applied)
+    }
+
+    /// The revision of a key's newest change (put or deletion) still held, if any.
+    pub fn last_change(&self, key: &[u8]) -> Option<Revision> {
+        self.keys.get(key).and_then(|h| h.last()).map(|(r, _)| *r)
+    }
+
+    /// Per key, its held versions' revisions (oldest first): for compaction planning.
+    pub fn changed_keys_between(&self, after: Revision, until: Revision) -> Vec<(Vec<u8>, Revision, bool)> {
+        // (key, newest revision <= until, is that newest a deletion) for keys changed in (after, until].
+        let mut out = Vec::new();
+        for (key, history) in &self.keys {
+            if history.iter().any(|(r, _)| *r > after && *r <= until)
+                && let Some((r, kv)) = history.iter().rev().find(|(r, _)| *r <= until)
+            {
+                out.push((key.clone(), *r, kv.is_none()));
+            }
+        }
+        out
+    }
+
+    /// Replica use: the number of versions held per key (to detect truncated histories).
+    pub fn oldest_full_history(&self, limit: usize) -> Revision {
+        self.keys.values().filter(|h| h.len() >= limit).filter_map(|h| h.first().map(|(r, _)| *r)).max().unwrap_or(0)
+    }
+
     pub fn revisions(&self) -> Revisions {
         Revisions { current: self.current, compacted: self.compacted }
     }

@@ -19,31 +19,51 @@ use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 /// How long in-flight requests may take to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn open_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
-    let endpoint = endpoint::parse(&cli.endpoint).map_err(anyhow::Error::msg)?;
-    let datastore_tls = [
+/// Refuses datastore TLS flags for a datastore that has no network connection.
+fn no_datastore_tls(cli: &Cli, kind: &str) -> Result<()> {
+    let flags = [
         ("--ca-file", cli.ca_file.is_some()),
         ("--cert-file", cli.cert_file.is_some()),
         ("--key-file", cli.key_file.is_some()),
         ("--skip-verify", cli.skip_verify),
     ];
-    let given: Vec<&str> = datastore_tls.iter().filter(|(_, set)| *set).map(|(name, _)| *name).collect();
+    let given: Vec<&str> = flags.iter().filter(|(_, set)| *set).map(|(name, _)| *name).collect();
     if !given.is_empty() {
-        bail!(
-            "{} configure TLS to a network datastore; the {} endpoint has none",
-            given.join(", "),
-            match endpoint {
-                Endpoint::Sqlite { .. } => "sqlite",
-                Endpoint::Memory => "memory",
-            }
-        );
+        bail!("{} configure TLS to a network datastore; the {kind} endpoint has none", given.join(", "));
     }
-    Ok(match endpoint {
-        Endpoint::Sqlite { path } => Arc::new(
-            kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path: path.clone() })
-                .with_context(|| format!("--endpoint: cannot open SQLite database {}", path.display()))?,
-        ),
-        Endpoint::Memory => Arc::new(kine_core::memory::MemoryBackend::new()),
+    Ok(())
+}
+
+async fn open_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
+    Ok(match endpoint::parse(&cli.endpoint).map_err(anyhow::Error::msg)? {
+        Endpoint::Sqlite { path } => {
+            no_datastore_tls(cli, "sqlite")?;
+            let options = kine_backend_sql::SqliteOptions { path: path.clone() };
+            Arc::new(
+                kine_backend_sql::SqliteBackend::open(options)
+                    .with_context(|| format!("--endpoint: cannot open SQLite database {}", path.display()))?,
+            )
+        }
+        Endpoint::Memory => {
+            no_datastore_tls(cli, "memory")?;
+            Arc::new(kine_core::memory::MemoryBackend::new())
+        }
+        Endpoint::Nats(config) => {
+            if cli.skip_verify {
+                bail!("--skip-verify is not supported with nats:// (give the server's CA with --ca-file)");
+            }
+            let tls = kine_backend_nats::connect::ClientTls {
+                ca_file: cli.ca_file.clone(),
+                cert_file: cli.cert_file.clone(),
+                key_file: cli.key_file.clone(),
+            };
+            let options = kine_backend_nats::NatsOptions { config, tls };
+            Arc::new(
+                kine_backend_nats::NatsBackend::open(options)
+                    .await
+                    .context("--endpoint: cannot open the NATS bucket")?,
+            )
+        }
     })
 }
 
@@ -77,7 +97,7 @@ fn server_tls(cli: &Cli) -> Result<Option<ServerTlsConfig>> {
 pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<()> {
     let address = listen::parse(&cli.listen_address)?;
     let tls = server_tls(&cli)?;
-    let backend = open_backend(&cli)?;
+    let backend = open_backend(&cli).await?;
     let store_options = StoreOptions {
         watch_progress_interval: cli.watch_progress_notify_interval,
         compact: CompactOptions {

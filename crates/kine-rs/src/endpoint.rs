@@ -8,6 +8,28 @@ pub const DEFAULT_SQLITE_PATH: &str = "./db/state.db";
 pub enum Endpoint {
     Sqlite { path: PathBuf },
     Memory,
+    Nats(kine_backend_nats::config::NatsConfig),
+}
+
+/// Embedded-server parameters: this build has no embedded NATS server yet.
+fn check_external_nats(endpoint: &str, cfg: &kine_backend_nats::config::NatsConfig) -> Result<(), String> {
+    let embedded_only = [
+        ("dontListen", cfg.dont_listen),
+        ("serverConfig", cfg.server_config.is_some()),
+        ("stdoutLogging", cfg.stdout_logging),
+        ("dataDir", cfg.data_dir.is_some()),
+    ];
+    if let Some((name, _)) = embedded_only.iter().find(|(_, set)| *set) {
+        return Err(format!(
+            "--endpoint {endpoint:?}: parameter {name} configures an embedded NATS server, which this build of kine-rs does not include"
+        ));
+    }
+    if cfg.servers.is_empty() && cfg.context_file.is_none() {
+        return Err(format!(
+            "--endpoint {endpoint:?}: this build of kine-rs has no embedded NATS server; name an external one, e.g. nats://127.0.0.1:4222"
+        ));
+    }
+    Ok(())
 }
 
 /// go-sqlite3 DSN parameters kine users pass (kine's own default DSN sets several). kine-rs
@@ -62,11 +84,16 @@ pub fn parse(endpoint: &str) -> Result<Endpoint, String> {
             }
             Ok(Endpoint::Memory)
         }
-        "postgres" | "postgresql" | "mysql" | "nats" | "jetstream" => Err(format!(
-            "--endpoint {endpoint:?}: the {scheme} backend is not available in this version of kine-rs (supported: sqlite://, memory://)"
+        "nats" => {
+            let cfg = kine_backend_nats::config::parse(endpoint, crate::duration::parse)?;
+            check_external_nats(endpoint, &cfg)?;
+            Ok(Endpoint::Nats(cfg))
+        }
+        "postgres" | "postgresql" | "mysql" | "jetstream" => Err(format!(
+            "--endpoint {endpoint:?}: the {scheme} backend is not available in this version of kine-rs (supported: sqlite://, memory://, nats://)"
         )),
         other => Err(format!(
-            "--endpoint {endpoint:?}: unknown datastore scheme {other:?} (supported: sqlite://, memory://)"
+            "--endpoint {endpoint:?}: unknown datastore scheme {other:?} (supported: sqlite://, memory://, nats://)"
         )),
     }
 }
@@ -96,7 +123,10 @@ mod tests {
         assert!(parse("sqlite://").unwrap_err().contains("needs a file path"));
         assert!(parse("sqlite://x.db?_journal=DELETE").unwrap_err().contains("_journal=DELETE"));
         assert!(parse("sqlite://x.db?bogus=1").unwrap_err().contains("unknown sqlite parameter \"bogus\""));
-        assert!(parse("nats://").unwrap_err().contains("not available"));
+        assert!(parse("nats://").unwrap_err().contains("no embedded NATS server"));
+        assert!(parse("nats://h:4222?dataDir=/x").unwrap_err().contains("parameter dataDir"));
+        assert!(parse("nats://h:4222?replicas=9").unwrap_err().contains("replicas=9"));
+        assert!(matches!(parse("nats://h:4222?noEmbed&bucket=b"), Ok(Endpoint::Nats(_))));
         assert!(parse("memory://x").unwrap_err().contains("takes no path"));
     }
 }

@@ -10,7 +10,8 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(cli: &cli::Cli) {
-    let default = if cli.debug { "debug" } else { "info" };
+    // async-nats logs every (re)connection at info; kine-rs logs those itself.
+    let default = if cli.debug { "debug" } else { "info,async_nats=warn" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);

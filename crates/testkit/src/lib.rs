@@ -3,6 +3,7 @@
 
 pub mod contract;
 pub mod model;
+pub mod nats;
 
 use kine_core::backend::Backend;
 use std::path::Path;

@@ -82,6 +82,27 @@ fn txn(rng: &mut Rng, leases: &[i64], current: Revision, depth: u32) -> TxnReque
     TxnRequest { compare, success: ops(rng), failure: ops(rng) }
 }
 
+/// A txn whose branches each change at most one key (the Kubernetes shapes and variations).
+fn single_key_txn(rng: &mut Rng, current: Revision) -> TxnRequest {
+    let mut t = txn(rng, &[], current, 1);
+    for branch in [&mut t.success, &mut t.failure] {
+        let mut writes = 0;
+        branch.retain(|op| match op {
+            RequestOp::Put(_) => {
+                writes += 1;
+                writes == 1
+            }
+            RequestOp::DeleteRange(d) => {
+                writes += 1;
+                writes == 1 && d.range.end == kine_core::RangeEnd::Single
+            }
+            RequestOp::Range(_) => true,
+            RequestOp::Txn(_) => false,
+        });
+    }
+    t
+}
+
 /// One step's outcome, rendered for comparison (errors by their kind and text).
 async fn step(s: &Store, b: &Arc<dyn Backend>, action: &Action) -> String {
     fn show<T: std::fmt::Debug>(r: kine_core::Result<T>) -> String {
@@ -116,14 +137,32 @@ enum Action {
 
 /// Runs `steps` random operations on both backends and panics at the first difference.
 pub async fn run(seed: u64, steps: usize, subject: Arc<dyn Backend>, oracle: Arc<dyn Backend>) {
+    run_with(seed, steps, subject, oracle, false).await
+}
+
+/// Like [`run`]; with `single_key_writes` every generated write changes at most one key (for
+/// a backend where a request changing several keys spends one revision per key).
+pub async fn run_with(
+    seed: u64,
+    steps: usize,
+    subject: Arc<dyn Backend>,
+    oracle: Arc<dyn Backend>,
+    single_key_writes: bool,
+) {
     let (s, o) = (store(subject.clone()).await, store(oracle.clone()).await);
     let mut rng = Rng::new(seed);
     let mut leases: Vec<i64> = Vec::new();
     for i in 0..steps {
         let current = oracle.revisions().await.expect("oracle revisions").current;
+        // With single-key writes no key carries a lease (a revoke would delete several keys).
+        let put_leases: &[i64] = if single_key_writes { &[] } else { &leases };
         let action = match rng.below(100) {
-            0..=29 => Action::Put(put(&mut rng, &leases)),
+            0..=29 => Action::Put(put(&mut rng, put_leases)),
+            30..=39 if single_key_writes => {
+                Action::Delete(DeleteRangeRequest { range: KeyRange::single(key(&mut rng)), prev_kv: rng.chance(50) })
+            }
             30..=39 => Action::Delete(DeleteRangeRequest { range: range(&mut rng), prev_kv: rng.chance(50) }),
+            40..=64 if single_key_writes => Action::Txn(single_key_txn(&mut rng, current)),
             40..=64 => Action::Txn(txn(&mut rng, &leases, current, 0)),
             65..=84 => Action::Range(range_req(&mut rng, current)),
             85..=87 => Action::Compact(rng.below(current as u64 + 2) as i64),

@@ -1,0 +1,630 @@
+//! `nats://`: the NATS JetStream backend.
+//!
+//! The bucket's stream is the log: one message per key change, the etcd revision is the
+//! message's stream sequence (the init marker is sequence 1). Every process keeps a replica of
+//! the retained stream in a [`MemTable`], fed by one ordered consumer; the shared etcd logic
+//! runs on it. A write is evaluated on the replica, then published with a JetStream
+//! expectation that makes it conditional: on each written key's last sequence when the write
+//! reads nothing but those keys (the Kubernetes create/update/delete shapes), otherwise on the
+//! whole stream's last sequence. A failed expectation means another writer got there first:
+//! the write is evaluated again. Reads first wait until the replica has applied the stream's
+//! last sequence as the stream leader reports it, so they are linearizable.
+
+use crate::config::NatsConfig;
+use crate::connect::{self, ClientTls};
+use crate::message::{self, Decoded};
+use anyhow::{Context as _, anyhow, bail};
+use async_nats::jetstream::{self, consumer, stream};
+use futures_util::StreamExt;
+use kine_core::backend::{Backend, BackendStatus, FEED_CAPACITY, Revisions};
+use kine_core::memory::MemTable;
+use kine_core::request::{
+    DeleteRangeRequest, RangeRequest, RangeResponse, RequestOp, ResponseOp, Revisioned, TxnRequest, TxnResponse,
+};
+use kine_core::txn::{WriteOp, WriteResponse};
+use kine_core::view::WriteView;
+use kine_core::{Error, KeyRange, LeaseId, RangeEnd, Result, Revision, RevisionEvents, range};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{broadcast, watch};
+
+/// How long a request waits for NATS before failing with `Unavailable`.
+const NATS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Attempts of a conditional write that keeps losing to other writers.
+const MAX_WRITE_ATTEMPTS: usize = 64;
+
+#[derive(Clone, Debug)]
+pub struct NatsOptions {
+    pub config: NatsConfig,
+    pub tls: ClientTls,
+}
+
+pub struct NatsBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    bucket: String,
+    js: jetstream::Context,
+    stream: stream::Stream,
+    /// Compact revision and leases (`<bucket>-meta` KV bucket): not etcd writes, no revision.
+    meta: jetstream::kv::Store,
+    table: Mutex<MemTable>,
+    /// The last stream sequence the replica applied.
+    applied: watch::Sender<Revision>,
+    feed: broadcast::Sender<Arc<RevisionEvents>>,
+    /// One conditional write at a time from this process.
+    write_lock: tokio::sync::Mutex<()>,
+    slow: Duration,
+    closed: AtomicBool,
+    cluster_id: u64,
+    member_id: u64,
+    replica_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Error {
+    Error::Unavailable(format!("etcdserver: NATS unavailable: {e}"))
+}
+
+async fn timed<T, E: std::fmt::Display>(
+    what: &str,
+    f: impl std::future::Future<Output = std::result::Result<T, E>>,
+) -> Result<T> {
+    match tokio::time::timeout(NATS_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(unavailable(format!("{what}: {e}"))),
+        Err(_) => Err(unavailable(format!("{what}: timed out after {NATS_TIMEOUT:?}"))),
+    }
+}
+
+fn hash_id(text: &str) -> u64 {
+    // FNV-1a: a stable, non-zero id from a name.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h.max(1)
+}
+
+impl NatsBackend {
+    /// Connects, creates the bucket if needed, and loads the replica (cost grows with the
+    /// retained messages, which compaction keeps close to the number of live keys).
+    pub async fn open(options: NatsOptions) -> anyhow::Result<NatsBackend> {
+        let cfg = &options.config;
+        let (servers, opts) = connect::options(cfg, &options.tls).await?;
+        let client = tokio::time::timeout(Duration::from_secs(30), opts.connect(servers.clone()))
+            .await
+            .map_err(|_| anyhow!("cannot reach NATS at {} within 30 s", servers.join(",")))?
+            .with_context(|| format!("connect to NATS at {}", servers.join(",")))?;
+        let js = jetstream::new(client);
+        let stream = ensure_stream(&js, cfg).await?;
+        let meta = ensure_meta(&js, cfg).await?;
+        let compacted = read_compacted(&meta).await?;
+        let info = stream.get_info().await.context("read the bucket's stream info")?;
+        let (feed, _) = broadcast::channel(FEED_CAPACITY);
+        let mut table = MemTable::at(0);
+        table.set_compacted(compacted);
+        let member_id = kine_core::id::random_nonzero();
+        let inner = Arc::new(Inner {
+            bucket: cfg.bucket.clone(),
+            js,
+            stream,
+            meta,
+            table: Mutex::new(table),
+            applied: watch::channel(0).0,
+            feed,
+            write_lock: tokio::sync::Mutex::new(()),
+            slow: cfg.slow_method,
+            closed: AtomicBool::new(false),
+            cluster_id: hash_id(&format!("kine-rs/{}", cfg.bucket)),
+            member_id,
+            replica_task: Mutex::new(None),
+        });
+        load_leases(&inner).await?;
+        let started = Instant::now();
+        let task = tokio::spawn(replicate(inner.clone(), info.state.first_sequence.max(1)));
+        *inner.replica_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        let last = info.state.last_sequence as Revision;
+        inner.wait_applied(last, Duration::from_secs(300)).await.context("load the bucket into memory")?;
+        {
+            // Keys whose history the bucket's per-key limit may have cut: reads below their
+            // oldest kept version would be wrong, so they count as compacted.
+            let mut t = inner.table();
+            let floor = t.oldest_full_history(cfg.rev_history as usize);
+            t.set_compacted(floor);
+        }
+        tracing::info!(
+            bucket = %cfg.bucket,
+            revision = last,
+            messages = info.state.messages,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "NATS bucket loaded"
+        );
+        Ok(NatsBackend { inner })
+    }
+}
+
+async fn ensure_stream(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Result<stream::Stream> {
+    let name = format!("KV_{}", cfg.bucket);
+    let config = stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("$KV.{}.>", cfg.bucket)],
+        max_messages_per_subject: cfg.rev_history,
+        allow_rollup: true,
+        allow_direct: true,
+        allow_atomic_publish: true,
+        num_replicas: cfg.replicas,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    };
+    let mut stream = match js.get_stream(&name).await {
+        Ok(s) => s,
+        Err(_) => {
+            let mut attempt = 0;
+            loop {
+                match js.create_stream(config.clone()).await {
+                    Ok(s) => break s,
+                    Err(e) if attempt < 30 => {
+                        // A cluster that is still forming answers "no suitable peers" for a while.
+                        tracing::debug!(error = %e, "cannot create the bucket yet; retrying");
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        if let Ok(s) = js.get_stream(&name).await {
+                            break s;
+                        }
+                    }
+                    Err(e) => return Err(anyhow!("create stream {name}: {e}")),
+                }
+            }
+        }
+    };
+    let info = stream.info().await.with_context(|| format!("read stream {name}"))?.clone();
+    if !info.config.allow_atomic_publish {
+        tracing::warn!(stream = %name, "atomic batch publish is off on this stream; writes that change several keys will fail");
+    }
+    let init = message::init_subject(&cfg.bucket);
+    match stream.get_last_raw_message_by_subject(&init).await {
+        Ok(_) => {}
+        Err(_) if info.state.messages == 0 && info.state.last_sequence == 0 => {
+            // The first kine-rs on this bucket writes the marker; the expectation makes sure
+            // exactly one does, at sequence 1.
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Expected-Last-Sequence", "0");
+            match js.publish_with_headers(init.clone(), headers, bytes::Bytes::new()).await {
+                Ok(ack) => match ack.await {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {}
+                    Err(e) => bail!("initialise bucket {}: {e}", cfg.bucket),
+                },
+                Err(e) => bail!("initialise bucket {}: {e}", cfg.bucket),
+            }
+        }
+        Err(_) => bail!(
+            "bucket {} holds data that kine-rs did not write (a bucket of Go kine?); use another bucket (?bucket=NAME)",
+            cfg.bucket
+        ),
+    }
+    Ok(stream)
+}
+
+async fn ensure_meta(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Result<jetstream::kv::Store> {
+    let name = format!("{}-meta", cfg.bucket);
+    if let Ok(kv) = js.get_key_value(&name).await {
+        return Ok(kv);
+    }
+    js.create_key_value(jetstream::kv::Config {
+        bucket: name.clone(),
+        description: "kine-rs compact revision and leases".into(),
+        history: 1,
+        num_replicas: cfg.replicas,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| anyhow!("create KV bucket {name}: {e}"))
+}
+
+async fn read_compacted(meta: &jetstream::kv::Store) -> anyhow::Result<Revision> {
+    match meta.get("compact_revision").await.context("read the compact revision")? {
+        Some(v) => {
+            std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).context("compact_revision is not a number")
+        }
+        None => Ok(0),
+    }
+}
+
+async fn load_leases(inner: &Inner) -> anyhow::Result<()> {
+    let mut keys = inner.meta.keys().await.context("list leases")?;
+    let mut leases = Vec::new();
+    while let Some(key) = keys.next().await {
+        let key = key.context("list leases")?;
+        if let Some(id) = key.strip_prefix("lease.").and_then(|s| s.parse::<i64>().ok())
+            && let Some(v) = inner.meta.get(&key).await.context("read a lease")?
+        {
+            let ttl = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).context("lease TTL is not a number")?;
+            leases.push((id, ttl));
+        }
+    }
+    let mut t = inner.table();
+    for (id, ttl) in leases {
+        t.insert_lease(id, ttl)?;
+    }
+    Ok(())
+}
+
+/// The replica: one ordered consumer over the whole bucket, applying messages in order.
+async fn replicate(inner: Arc<Inner>, first: u64) {
+    let mut start = first;
+    let filter = format!("$KV.{}.>", inner.bucket);
+    loop {
+        if inner.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let config = consumer::pull::OrderedConfig {
+            filter_subject: filter.clone(),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start },
+            ..Default::default()
+        };
+        let messages = match inner.stream.create_consumer(config).await {
+            Ok(c) => c.messages().await.map_err(|e| anyhow!("{e}")),
+            Err(e) => Err(anyhow!("{e}")),
+        };
+        let mut messages = match messages {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the bucket consumer; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        while let Some(msg) = messages.next().await {
+            let msg = match msg {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "bucket consumer failed; resuming");
+                    break;
+                }
+            };
+            let Ok(info) = msg.info() else { continue };
+            let seq = info.stream_sequence as Revision;
+            let decoded = message::decode(&inner.bucket, msg.subject.as_str(), msg.headers.as_ref(), &msg.payload, seq);
+            let events = {
+                let mut t = inner.table();
+                match decoded {
+                    Decoded::Change(event) => Some(t.apply_committed(seq, vec![event])),
+                    Decoded::Init => {
+                        t.advance(seq);
+                        None
+                    }
+                    Decoded::Foreign(what) => {
+                        tracing::warn!(sequence = seq, "ignoring a message kine-rs did not write: {what}");
+                        t.advance(seq);
+                        None
+                    }
+                }
+            };
+            // Applied first, published second (see the Backend invariants).
+            inner.applied.send_replace(seq);
+            if let Some(ev) = events {
+                let _ = inner.feed.send(Arc::new(ev));
+            }
+            start = seq as u64 + 1;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// How a write is made conditional.
+enum Expect {
+    /// Each message carries its key's last sequence: the write read nothing but those keys.
+    PerKey,
+    /// The first message carries the stream's last sequence.
+    Stream(Revision),
+}
+
+impl Inner {
+    fn table(&self) -> std::sync::MutexGuard<'_, MemTable> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::Unavailable("etcdserver: server stopped".into()));
+        }
+        Ok(())
+    }
+
+    async fn wait_applied(&self, seq: Revision, limit: Duration) -> Result<()> {
+        let mut rx = self.applied.subscribe();
+        match tokio::time::timeout(limit, rx.wait_for(|a| *a >= seq)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(Error::Unavailable("etcdserver: server stopped".into())),
+            Err(_) => Err(unavailable(format!("the replica did not reach revision {seq} within {limit:?}"))),
+        }
+    }
+
+    /// Linearizability: wait until the replica holds everything the stream leader has.
+    async fn barrier(&self) -> Result<()> {
+        self.check_open()?;
+        let started = Instant::now();
+        let info = timed("read the stream state", self.stream.get_info()).await?;
+        let last = info.state.last_sequence as Revision;
+        self.wait_applied(last, NATS_TIMEOUT).await?;
+        let elapsed = started.elapsed();
+        if elapsed >= self.slow {
+            tracing::warn!(elapsed_ms = elapsed.as_millis() as u64, "slow NATS read barrier");
+        }
+        Ok(())
+    }
+
+    async fn publish(
+        &self,
+        events: &[kine_core::Event],
+        expect: Expect,
+        table_last: impl Fn(&[u8]) -> Revision,
+    ) -> Result<Option<Revision>> {
+        let batch_id = (events.len() > 1).then(|| format!("kine-{:x}", kine_core::id::random_u64()));
+        let mut ack = None;
+        for (i, event) in events.iter().enumerate() {
+            let (mut headers, payload) = message::encode(event);
+            match &expect {
+                Expect::PerKey => {
+                    headers
+                        .insert("Nats-Expected-Last-Subject-Sequence", table_last(&event.kv.key).to_string().as_str());
+                }
+                Expect::Stream(last) if i == 0 => {
+                    headers.insert("Nats-Expected-Last-Sequence", last.to_string().as_str());
+                }
+                Expect::Stream(_) => {}
+            }
+            if let Some(id) = &batch_id {
+                headers.insert("Nats-Batch-Id", id.as_str());
+                headers.insert("Nats-Batch-Sequence", (i + 1).to_string().as_str());
+                if i + 1 == events.len() {
+                    headers.insert("Nats-Batch-Commit", "1");
+                }
+            }
+            let subject = message::subject(&self.bucket, &event.kv.key);
+            if batch_id.is_some() && i + 1 < events.len() {
+                // Batch members before the commit are not acknowledged one by one.
+                timed("publish", self.js.publish_with_headers(subject, headers, payload)).await?;
+                continue;
+            }
+            let future = timed("publish", self.js.publish_with_headers(subject, headers, payload)).await?;
+            ack = Some(match tokio::time::timeout(NATS_TIMEOUT, future).await {
+                Ok(Ok(ack)) => ack,
+                Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => return Ok(None),
+                Ok(Err(e)) => {
+                    let text = e.to_string();
+                    // Wrong-last-sequence inside a batch, or a replicated stream's variant of it.
+                    if text.contains("wrong last sequence") || text.contains("10071") || text.contains("10164") {
+                        return Ok(None);
+                    }
+                    return Err(unavailable(format!("publish: {text}")));
+                }
+                Err(_) => return Err(unavailable("publish: no acknowledgement within 5 s")),
+            });
+        }
+        Ok(ack.map(|a| a.sequence as Revision))
+    }
+}
+
+/// Can this write be made conditional on its own keys alone? Only if everything it read is a
+/// single key it also writes, and it ran no Range.
+fn per_key(req: &TxnRequest, resp: &TxnResponse, written: &HashSet<Vec<u8>>) -> bool {
+    for c in &req.compare {
+        if c.range.end != RangeEnd::Single || !written.contains(&c.range.start) {
+            return false;
+        }
+    }
+    let branch = if resp.succeeded { &req.success } else { &req.failure };
+    for (op, r) in branch.iter().zip(&resp.responses) {
+        match (op, r) {
+            (RequestOp::Range(_), _) => return false,
+            (RequestOp::Put(_), _) => {}
+            (RequestOp::DeleteRange(d), _) => {
+                if d.range.end != RangeEnd::Single {
+                    return false;
+                }
+            }
+            (RequestOp::Txn(inner), ResponseOp::Txn(inner_resp)) => {
+                if !per_key(inner, inner_resp, written) {
+                    return false;
+                }
+            }
+            (RequestOp::Txn(_), _) => return false,
+        }
+    }
+    true
+}
+
+impl NatsBackend {
+    async fn conditional_write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        let inner = &self.inner;
+        let _guard = inner.write_lock.lock().await;
+        for _ in 0..MAX_WRITE_ATTEMPTS {
+            inner.barrier().await?;
+            let (applied, base, expect) = {
+                let mut t = inner.table();
+                let base = t.revision();
+                let applied = t.evaluate(&op)?;
+                let expect = match (&op, &applied.response, &applied.events) {
+                    (WriteOp::Txn(req), WriteResponse::Txn(resp), Some(ev)) => {
+                        let written: HashSet<Vec<u8>> = ev.events.iter().map(|e| e.kv.key.clone()).collect();
+                        if per_key(req, resp, &written) { Expect::PerKey } else { Expect::Stream(base) }
+                    }
+                    _ => Expect::Stream(base),
+                };
+                (applied, base, expect)
+            };
+            let Some(ev) = &applied.events else {
+                return Ok(Revisioned { revision: base, value: applied.response });
+            };
+            let last_of = |key: &[u8]| inner.table().last_change(key).unwrap_or(0);
+            match inner.publish(&ev.events, expect, last_of).await? {
+                Some(seq) => {
+                    inner.wait_applied(seq, NATS_TIMEOUT).await?;
+                    return Ok(Revisioned { revision: seq, value: applied.response });
+                }
+                None => {
+                    tracing::debug!("conditional write lost to another writer; evaluating again");
+                    continue;
+                }
+            }
+        }
+        Err(unavailable("a write kept conflicting with other writers"))
+    }
+
+    async fn lease_grant(&self, id: LeaseId, ttl: i64) -> Result<Revisioned<WriteResponse>> {
+        let inner = &self.inner;
+        let key = format!("lease.{id}");
+        match timed("grant lease", inner.meta.create(&key, ttl.to_string().into())).await {
+            Ok(_) => {}
+            Err(e) if e.to_string().contains("key already exists") => return Err(Error::LeaseExists),
+            Err(e) => return Err(e),
+        }
+        inner.table().insert_lease(id, ttl)?;
+        Ok(Revisioned { revision: inner.table().revision(), value: WriteResponse::LeaseGranted })
+    }
+
+    async fn lease_revoke(&self, id: LeaseId) -> Result<Revisioned<WriteResponse>> {
+        let inner = &self.inner;
+        inner.barrier().await?;
+        let keys = {
+            let mut t = inner.table();
+            if t.lease(id)?.is_none() {
+                return Err(Error::LeaseNotFound);
+            }
+            let rev = t.revision();
+            t.keys_with_lease(id, rev)?
+        };
+        let mut revision = inner.table().revision();
+        if !keys.is_empty() {
+            let txn = TxnRequest {
+                success: keys
+                    .into_iter()
+                    .map(|k| RequestOp::DeleteRange(DeleteRangeRequest { range: KeyRange::single(k), prev_kv: false }))
+                    .collect(),
+                ..Default::default()
+            };
+            revision = self.conditional_write(WriteOp::Txn(txn)).await?.revision;
+        }
+        timed("revoke lease", inner.meta.delete(format!("lease.{id}"))).await?;
+        inner.table().remove_lease(id)?;
+        Ok(Revisioned { revision, value: WriteResponse::LeaseRevoked })
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for NatsBackend {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+
+    fn cluster_id(&self) -> u64 {
+        self.inner.cluster_id
+    }
+
+    fn member_id(&self) -> u64 {
+        self.inner.member_id
+    }
+
+    async fn revisions(&self) -> Result<Revisions> {
+        self.inner.barrier().await?;
+        Ok(self.inner.table().revisions())
+    }
+
+    async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        self.inner.barrier().await?;
+        let mut t = self.inner.table();
+        let Revisions { current, compacted } = t.revisions();
+        let rev = range::read_revision(req.revision, current, compacted)?;
+        let value = range::execute(&mut *t, &req, rev)?;
+        Ok(Revisioned { revision: current, value })
+    }
+
+    async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        self.inner.check_open()?;
+        match op {
+            WriteOp::LeaseGrant { id, ttl } => self.lease_grant(id, ttl).await,
+            WriteOp::LeaseRevoke { id } => self.lease_revoke(id).await,
+            txn @ WriteOp::Txn(_) => self.conditional_write(txn).await,
+        }
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<Revision> {
+        let inner = &self.inner;
+        let _guard = inner.write_lock.lock().await;
+        inner.barrier().await?;
+        let (current, previous, plan) = {
+            let t = inner.table();
+            let Revisions { current, compacted } = t.revisions();
+            kine_core::txn::check_compact(revision, current, compacted)?;
+            (current, compacted, t.changed_keys_between(compacted, revision))
+        };
+        timed("record the compact revision", inner.meta.put("compact_revision", revision.to_string().into())).await?;
+        let last = timed("read the stream state", inner.stream.get_info()).await?.state.last_sequence as Revision;
+        for (key, newest, deleted) in plan {
+            let subject = message::subject(&inner.bucket, &key);
+            // Keep the newest version at or below the compact revision, unless it is a deletion;
+            // the stream's very last message stays so that its last sequence stays readable.
+            let keep_from = if deleted && newest < last { newest + 1 } else { newest };
+            timed(
+                "purge superseded versions",
+                std::future::IntoFuture::into_future(inner.stream.purge().filter(subject).sequence(keep_from as u64)),
+            )
+            .await?;
+        }
+        inner.table().compact(revision)?;
+        tracing::debug!(revision, previous, "compacted");
+        Ok(current)
+    }
+
+    async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+        self.inner.table().events(range, after, until)
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
+        self.inner.feed.subscribe()
+    }
+
+    async fn leases(&self) -> Result<Vec<(LeaseId, i64)>> {
+        Ok(self.inner.table().lease_list())
+    }
+
+    async fn lease_keys(&self, id: LeaseId) -> Result<Vec<Vec<u8>>> {
+        self.inner.barrier().await?;
+        let mut t = self.inner.table();
+        let rev = t.revision();
+        t.keys_with_lease(id, rev)
+    }
+
+    async fn status(&self) -> Result<BackendStatus> {
+        let info = timed("read the stream state", self.inner.stream.get_info()).await?;
+        let bytes = info.state.bytes as i64;
+        Ok(BackendStatus { db_size: bytes, db_size_in_use: bytes })
+    }
+
+    async fn defragment(&self) -> Result<()> {
+        // JetStream manages its own files; compaction already removed the messages.
+        self.inner.check_open()
+    }
+
+    async fn close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        if let Some(task) = self.inner.replica_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for NatsBackend {
+    fn drop(&mut self) {
+        if let Some(task) = self.inner.replica_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Connecting to NATS: servers, credentials, TLS, a NATS CLI context file; reconnect forever.
+
+use crate::config::{Credentials, NatsConfig};
+use anyhow::{Context, Result, bail};
+use async_nats::ConnectOptions;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Datastore TLS files (`--ca-file`, `--cert-file`, `--key-file`).
+#[derive(Clone, Debug, Default)]
+pub struct ClientTls {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// The fields of a NATS CLI context file that kine-rs uses.
+#[derive(Debug, Default)]
+struct ContextFile {
+    url: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
+    token: Option<String>,
+    creds: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    ca: Option<String>,
+}
+
+fn read_context(path: &PathBuf) -> Result<ContextFile> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("contextFile {}: cannot read", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("contextFile {}: not a JSON NATS context", path.display()))?;
+    let field = |name: &str| json.get(name).and_then(|v| v.as_str()).filter(|s| !s.is_empty()).map(str::to_string);
+    if field("nkey").is_some() {
+        bail!("contextFile {}: nkey seeds in a context file are not supported; use credsFile", path.display());
+    }
+    Ok(ContextFile {
+        url: field("url"),
+        user: field("user"),
+        password: field("password"),
+        token: field("token"),
+        creds: field("creds"),
+        cert: field("cert"),
+        key: field("key"),
+        ca: field("ca"),
+    })
+}
+
+/// Server addresses and options for `async_nats`. `servers` overrides the config's servers
+/// (the embedded server's address).
+pub async fn options(cfg: &NatsConfig, tls: &ClientTls) -> Result<(Vec<String>, ConnectOptions)> {
+    let mut servers: Vec<String> = cfg.servers.iter().map(|s| format!("nats://{s}")).collect();
+    let mut opts = ConnectOptions::new()
+        .name(format!("kine-rs using bucket {}", cfg.bucket))
+        .max_reconnects(None)
+        .retry_on_initial_connect()
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(Duration::from_secs(5)))
+        .reconnect_delay_callback(|attempts| Duration::from_millis((100 * attempts as u64).min(2000)))
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Disconnected => tracing::warn!("NATS connection lost; reconnecting"),
+                async_nats::Event::Connected => tracing::info!("NATS connection (re)established"),
+                other => tracing::debug!(event = %other, "NATS client event"),
+            }
+        });
+    let mut ca = tls.ca_file.clone();
+    let mut cert = tls.cert_file.clone().zip(tls.key_file.clone());
+    match &cfg.credentials {
+        Credentials::None => {}
+        Credentials::UserPassword(u, p) => opts = opts.user_and_password(u.clone(), p.clone()),
+        Credentials::Token(t) => opts = opts.token(t.clone()),
+    }
+    if let Some(path) = &cfg.context_file {
+        let ctx = read_context(path)?;
+        if let Some(url) = &ctx.url {
+            servers = url.split(',').map(|s| s.trim().to_string()).collect();
+        }
+        if let (Some(u), Some(p)) = (&ctx.user, &ctx.password) {
+            opts = opts.user_and_password(u.clone(), p.clone());
+        } else if let Some(t) = ctx.token.as_ref().or(ctx.user.as_ref()) {
+            opts = opts.token(t.clone());
+        }
+        if let Some(creds) = &ctx.creds {
+            opts = opts.credentials_file(creds).await.with_context(|| format!("contextFile: read creds {creds}"))?;
+        }
+        if ca.is_none() {
+            ca = ctx.ca.map(PathBuf::from);
+        }
+        if cert.is_none() {
+            cert = ctx.cert.map(PathBuf::from).zip(ctx.key.map(PathBuf::from));
+        }
+    }
+    if let Some(path) = &cfg.creds_file {
+        opts =
+            opts.credentials_file(path).await.with_context(|| format!("credsFile {}: cannot read", path.display()))?;
+    }
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        bail!("--cert-file and --key-file must be given together for TLS to NATS");
+    }
+    if let Some(ca) = ca {
+        opts = opts.add_root_certificates(ca).require_tls(true);
+    }
+    if let Some((cert, key)) = cert {
+        opts = opts.add_client_certificate(cert, key).require_tls(true);
+    }
+    if servers.is_empty() {
+        servers.push("nats://127.0.0.1:4222".into());
+    }
+    Ok((servers, opts))
+}

@@ -1,0 +1,121 @@
+//! One etcd change ↔ one JetStream message.
+//!
+//! Subject `$KV.<bucket>.<encoded key>`; the value is the raw payload; metadata travels in
+//! headers (no JSON, no base64): `Kine-Create`, `Kine-Version`, `Kine-Lease`. A deletion
+//! carries `KV-Operation: DEL` (as NATS KV tools expect) and an empty payload.
+//! The stream's first message, on [`INIT_TOKEN`], marks a bucket written by kine-rs; its
+//! sequence is revision 1, so the first etcd write gets revision 2, as in etcd.
+
+use crate::codec;
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use kine_core::{Event, EventKind, KeyValue, Revision};
+
+/// The subject token of the init marker; `codec::encode_key` never produces `~`.
+pub const INIT_TOKEN: &str = "~init";
+const CREATE: &str = "Kine-Create";
+const VERSION: &str = "Kine-Version";
+const LEASE: &str = "Kine-Lease";
+const OPERATION: &str = "KV-Operation";
+
+pub fn subject(bucket: &str, key: &[u8]) -> String {
+    format!("$KV.{bucket}.{}", codec::encode_key(key))
+}
+
+pub fn init_subject(bucket: &str) -> String {
+    format!("$KV.{bucket}.{INIT_TOKEN}")
+}
+
+/// Headers and payload for one change.
+pub fn encode(event: &Event) -> (HeaderMap, Bytes) {
+    let mut headers = HeaderMap::new();
+    match event.kind {
+        EventKind::Put => {
+            headers.insert(CREATE, event.kv.create_revision.to_string().as_str());
+            headers.insert(VERSION, event.kv.version.to_string().as_str());
+            if event.kv.lease != 0 {
+                headers.insert(LEASE, event.kv.lease.to_string().as_str());
+            }
+            (headers, Bytes::from(event.kv.value.clone()))
+        }
+        EventKind::Delete => {
+            headers.insert(OPERATION, "DEL");
+            (headers, Bytes::new())
+        }
+    }
+}
+
+/// What one stream message means.
+#[derive(Debug)]
+pub enum Decoded {
+    Init,
+    Change(Event),
+    /// A message kine-rs did not write (another program's key, or kine's format).
+    Foreign(String),
+}
+
+pub fn decode(bucket: &str, subject: &str, headers: Option<&HeaderMap>, payload: &[u8], seq: Revision) -> Decoded {
+    let prefix = format!("$KV.{bucket}.");
+    let Some(tokens) = subject.strip_prefix(&prefix) else {
+        return Decoded::Foreign(format!("subject {subject} is outside the bucket"));
+    };
+    if tokens == INIT_TOKEN {
+        return Decoded::Init;
+    }
+    let Some(key) = codec::decode_key(tokens) else {
+        return Decoded::Foreign(format!("subject {subject} is not a kine-rs key"));
+    };
+    let header = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+    let op = header(OPERATION);
+    if matches!(op.as_deref(), Some("DEL") | Some("PURGE")) {
+        let kv = KeyValue { key, mod_revision: seq, ..Default::default() };
+        return Decoded::Change(Event { kind: EventKind::Delete, kv, prev_kv: None });
+    }
+    let number = |name: &str| header(name).and_then(|v| v.parse::<i64>().ok());
+    let (Some(create_revision), Some(version)) = (number(CREATE), number(VERSION)) else {
+        return Decoded::Foreign(format!("message {seq} on {subject} has no kine-rs headers"));
+    };
+    let kv = KeyValue {
+        key,
+        create_revision,
+        mod_revision: seq,
+        version,
+        value: payload.to_vec(),
+        lease: number(LEASE).unwrap_or(0),
+    };
+    Decoded::Change(Event { kind: EventKind::Put, kv, prev_kv: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let put = Event {
+            kind: EventKind::Put,
+            kv: KeyValue {
+                key: b"/a/b".to_vec(),
+                create_revision: 3,
+                mod_revision: 9,
+                version: 2,
+                value: b"v".to_vec(),
+                lease: 7,
+            },
+            prev_kv: None,
+        };
+        let (h, p) = encode(&put);
+        let Decoded::Change(got) = decode("kine", &subject("kine", b"/a/b"), Some(&h), &p, 9) else { panic!() };
+        assert_eq!(got, put);
+        let del = Event {
+            kind: EventKind::Delete,
+            kv: KeyValue { key: b"k".to_vec(), mod_revision: 10, ..Default::default() },
+            prev_kv: None,
+        };
+        let (h, p) = encode(&del);
+        let Decoded::Change(got) = decode("kine", &subject("kine", b"k"), Some(&h), &p, 10) else { panic!() };
+        assert_eq!(got, del);
+        assert!(matches!(decode("kine", &init_subject("kine"), None, b"", 1), Decoded::Init));
+        assert!(matches!(decode("kine", "$KV.kine.x", None, b"{}", 4), Decoded::Foreign(_)));
+    }
+}
