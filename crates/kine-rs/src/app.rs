@@ -57,7 +57,7 @@ async fn open_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
                 cert_file: cli.cert_file.clone(),
                 key_file: cli.key_file.clone(),
             };
-            let options = kine_backend_nats::NatsOptions { config, tls };
+            let options = kine_backend_nats::NatsOptions { config: *config, tls };
             Arc::new(
                 kine_backend_nats::NatsBackend::open(options)
                     .await

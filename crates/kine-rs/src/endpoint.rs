@@ -8,7 +8,7 @@ pub const DEFAULT_SQLITE_PATH: &str = "./db/state.db";
 pub enum Endpoint {
     Sqlite { path: PathBuf },
     Memory,
-    Nats(kine_backend_nats::config::NatsConfig),
+    Nats(Box<kine_backend_nats::config::NatsConfig>),
 }
 
 /// Embedded-server parameters: this build has no embedded NATS server yet.
@@ -87,7 +87,7 @@ pub fn parse(endpoint: &str) -> Result<Endpoint, String> {
         "nats" => {
             let cfg = kine_backend_nats::config::parse(endpoint, crate::duration::parse)?;
             check_external_nats(endpoint, &cfg)?;
-            Ok(Endpoint::Nats(cfg))
+            Ok(Endpoint::Nats(Box::new(cfg)))
         }
         "postgres" | "postgresql" | "mysql" | "jetstream" => Err(format!(
             "--endpoint {endpoint:?}: the {scheme} backend is not available in this version of kine-rs (supported: sqlite://, memory://, nats://)"
