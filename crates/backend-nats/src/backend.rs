@@ -481,10 +481,11 @@ impl NatsBackend {
     async fn lease_grant(&self, id: LeaseId, ttl: i64) -> Result<Revisioned<WriteResponse>> {
         let inner = &self.inner;
         let key = format!("lease.{id}");
-        match timed("grant lease", inner.meta.create(&key, ttl.to_string().into())).await {
-            Ok(_) => {}
-            Err(e) if e.to_string().contains("key already exists") => return Err(Error::LeaseExists),
-            Err(e) => return Err(e),
+        match tokio::time::timeout(NATS_TIMEOUT, inner.meta.create(&key, ttl.to_string().into())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if e.kind() == jetstream::kv::CreateErrorKind::AlreadyExists => return Err(Error::LeaseExists),
+            Ok(Err(e)) => return Err(unavailable(format!("grant lease: {e}"))),
+            Err(_) => return Err(unavailable("grant lease: timed out")),
         }
         inner.table().insert_lease(id, ttl)?;
         Ok(Revisioned { revision: inner.table().revision(), value: WriteResponse::LeaseGranted })

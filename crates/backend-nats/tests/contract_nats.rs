@@ -63,3 +63,37 @@ async fn multi_key_writes_are_atomic_with_one_revision_per_key() {
         0
     );
 }
+
+/// Leases live in `<bucket>-meta`: no revision spent, duplicates refused, and a new process on
+/// the same bucket sees them (and the data, and the compact revision).
+#[tokio::test]
+async fn leases_data_and_compaction_survive_a_new_process() {
+    use kine_core::request::*;
+    use kine_core::{Error, KeyRange};
+    let server = NatsServer::start();
+    let b = open(&server, "persist").await;
+    let s = kine_testkit::contract::store(b.clone()).await;
+    let (lease, _, _) = s.lease_grant(0, 60).await.unwrap();
+    assert!(matches!(s.lease_grant(lease, 60).await, Err(Error::LeaseExists)));
+    assert_eq!(b.revisions().await.unwrap().current, 1, "leases spend no revision");
+    s.put(PutRequest { key: b"k".to_vec(), value: b"1".to_vec(), lease, ..Default::default() }).await.unwrap(); // 2
+    kine_testkit::contract::put(&s, "k", "2").await; // 3, no lease
+    kine_testkit::contract::put(&s, "x", "1").await; // 4
+    s.delete_range(DeleteRangeRequest { range: KeyRange::single("x"), prev_kv: false }).await.unwrap(); // 5
+    kine_testkit::contract::put(&s, "k", "3").await; // 6
+    s.compact(5).await.unwrap();
+    b.close().await;
+
+    let b = open(&server, "persist").await;
+    let s = kine_testkit::contract::store(b.clone()).await;
+    assert_eq!(b.revisions().await.unwrap(), kine_core::backend::Revisions { current: 6, compacted: 5 });
+    assert_eq!(s.lease_list(), vec![lease]);
+    let at = |rev| RangeRequest { revision: rev, ..RangeRequest::new(KeyRange::single("k")) };
+    assert!(matches!(s.range(at(4)).await, Err(Error::Compacted { compact_revision: 5 })));
+    assert_eq!(s.range(at(5)).await.unwrap().value.kvs[0].value, b"2");
+    assert_eq!(s.range(at(0)).await.unwrap().value.kvs[0].value, b"3");
+    assert!(s.range(RangeRequest::new(KeyRange::single("x"))).await.unwrap().value.kvs.is_empty());
+    assert_eq!(kine_testkit::contract::put(&s, "k", "4").await, 7);
+    // A lease revoke with no keys attached spends no revision.
+    assert_eq!(s.lease_revoke(lease).await.unwrap(), 7);
+}
