@@ -47,6 +47,7 @@ pub struct NatsBackend {
 
 struct Inner {
     bucket: String,
+    client: async_nats::Client,
     js: jetstream::Context,
     stream: stream::Stream,
     /// Compact revision and leases (`<bucket>-meta` KV bucket): not etcd writes, no revision.
@@ -57,6 +58,9 @@ struct Inner {
     feed: broadcast::Sender<Arc<RevisionEvents>>,
     /// One conditional write at a time from this process.
     write_lock: tokio::sync::Mutex<()>,
+    /// Asks the replica to re-create its consumer (it fell behind while connected: a consumer
+    /// that stopped delivering, e.g. after a server restart).
+    resync: tokio::sync::Notify,
     slow: Duration,
     closed: AtomicBool,
     cluster_id: u64,
@@ -99,7 +103,7 @@ impl NatsBackend {
             .await
             .map_err(|_| anyhow!("cannot reach NATS at {} within 30 s", servers.join(",")))?
             .with_context(|| format!("connect to NATS at {}", servers.join(",")))?;
-        let js = jetstream::new(client);
+        let js = jetstream::new(client.clone());
         let stream = ensure_stream(&js, cfg).await?;
         let meta = ensure_meta(&js, cfg).await?;
         let compacted = read_compacted(&meta).await?;
@@ -110,6 +114,7 @@ impl NatsBackend {
         let member_id = kine_core::id::random_nonzero();
         let inner = Arc::new(Inner {
             bucket: cfg.bucket.clone(),
+            client,
             js,
             stream,
             meta,
@@ -117,6 +122,7 @@ impl NatsBackend {
             applied: watch::channel(0).0,
             feed,
             write_lock: tokio::sync::Mutex::new(()),
+            resync: tokio::sync::Notify::new(),
             slow: cfg.slow_method,
             closed: AtomicBool::new(false),
             cluster_id: hash_id(&format!("kine-rs/{}", cfg.bucket)),
@@ -280,7 +286,15 @@ async fn replicate(inner: Arc<Inner>, first: u64) {
                 continue;
             }
         };
-        while let Some(msg) = messages.next().await {
+        loop {
+            let msg = tokio::select! {
+                msg = messages.next() => msg,
+                _ = inner.resync.notified() => {
+                    tracing::debug!(from = start, "re-creating the bucket consumer");
+                    break;
+                }
+            };
+            let Some(msg) = msg else { break };
             let msg = match msg {
                 Ok(m) => m,
                 Err(e) => {
@@ -330,9 +344,14 @@ impl Inner {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Fails at once when stopped or while the NATS connection is down (requests must not
+    /// hang while the client reconnects).
     fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::Unavailable("etcdserver: server stopped".into()));
+        }
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            return Err(unavailable("not connected to NATS (reconnecting)"));
         }
         Ok(())
     }
@@ -352,7 +371,11 @@ impl Inner {
         let started = Instant::now();
         let info = timed("read the stream state", self.stream.get_info()).await?;
         let last = info.state.last_sequence as Revision;
-        self.wait_applied(last, NATS_TIMEOUT).await?;
+        if self.wait_applied(last, Duration::from_secs(1)).await.is_err() {
+            // Connected, yet the replica is behind: its consumer may have stopped delivering.
+            self.resync.notify_one();
+            self.wait_applied(last, NATS_TIMEOUT).await?;
+        }
         let elapsed = started.elapsed();
         if elapsed >= self.slow {
             tracing::warn!(elapsed_ms = elapsed.as_millis() as u64, "slow NATS read barrier");
@@ -466,7 +489,8 @@ impl NatsBackend {
             let last_of = |key: &[u8]| inner.table().last_change(key).unwrap_or(0);
             match inner.publish(&ev.events, expect, last_of).await? {
                 Some(seq) => {
-                    inner.wait_applied(seq, NATS_TIMEOUT).await?;
+                    // Committed. No need to wait for the replica here: every later read or
+                    // write on this node first waits for it to reach the stream's end.
                     return Ok(Revisioned { revision: seq, value: applied.response });
                 }
                 None => {

@@ -97,3 +97,47 @@ async fn leases_data_and_compaction_survive_a_new_process() {
     // A lease revoke with no keys attached spends no revision.
     assert_eq!(s.lease_revoke(lease).await.unwrap(), 7);
 }
+
+/// While NATS is down requests fail fast with Unavailable; once it is back, service resumes
+/// with nothing lost.
+#[tokio::test]
+async fn outage_fails_fast_and_recovers() {
+    use kine_core::Error;
+    let mut server = NatsServer::start();
+    let b = open(&server, "outage").await;
+    let s = kine_testkit::contract::store(b.clone()).await;
+    assert_eq!(kine_testkit::contract::put(&s, "a", "1").await, 2);
+    server.kill();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let r = s.put(kine_testkit::contract::put_req("a", "2")).await;
+    assert!(matches!(r, Err(Error::Unavailable(_))), "{r:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(6), "failed in {:?}", started.elapsed());
+    let r = s.range(kine_core::request::RangeRequest::new(kine_core::KeyRange::single("a"))).await;
+    assert!(matches!(r, Err(Error::Unavailable(_))), "{r:?}");
+    server.restart();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // Retry an update conditional on revision 2, so that an attempt whose acknowledgement was
+    // lost cannot apply twice.
+    use kine_core::request::*;
+    let update = TxnRequest {
+        compare: vec![Compare {
+            range: kine_core::KeyRange::single("a"),
+            result: CompareResult::Equal,
+            target: CompareTarget::Mod(2),
+        }],
+        success: vec![RequestOp::Put(kine_testkit::contract::put_req("a", "3"))],
+        failure: vec![],
+    };
+    loop {
+        match s.txn(update.clone()).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(std::time::Instant::now() < deadline, "no recovery: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let kv = kine_testkit::contract::get(&s, "a").await.unwrap();
+    assert_eq!((kv.value.as_slice(), kv.mod_revision, kv.version), (b"3".as_slice(), 3, 2), "nothing lost or doubled");
+}

@@ -44,6 +44,11 @@ impl NatsServer {
     pub fn start() -> NatsServer {
         let dir = TempDir::new("nats");
         let port = free_port();
+        let child = Self::spawn(port, &dir);
+        NatsServer { child, port, dir }
+    }
+
+    fn spawn(port: u16, dir: &TempDir) -> Child {
         let child = Command::new(nats_server_bin())
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(dir.path())
@@ -51,13 +56,23 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn nats-server");
-        let server = NatsServer { child, port, dir };
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "nats-server did not start on port {port}");
             std::thread::sleep(Duration::from_millis(20));
         }
-        server
+        child
+    }
+
+    /// Kills the server (SIGKILL); its data stays for [`NatsServer::restart`].
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port and store directory.
+    pub fn restart(&mut self) {
+        self.child = Self::spawn(self.port, &self.dir);
     }
 
     pub fn url(&self) -> String {
