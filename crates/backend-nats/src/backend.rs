@@ -133,12 +133,15 @@ impl NatsBackend {
         let started = Instant::now();
         let task = tokio::spawn(replicate(inner.clone(), info.state.first_sequence.max(1)));
         *inner.replica_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-        let last = info.state.last_sequence as Revision;
+        let last = inner.last_message().await.map_err(|e| anyhow!("{e}"))?;
         inner.wait_applied(last, Duration::from_secs(300)).await.context("load the bucket into memory")?;
         {
+            let mut t = inner.table();
+            // Compaction may have removed the newest messages (a trailing deletion): the store
+            // is at least at the compact revision.
+            t.advance(compacted);
             // Keys whose history the bucket's per-key limit may have cut: reads below their
             // oldest kept version would be wrong, so they count as compacted.
-            let mut t = inner.table();
             let floor = t.oldest_full_history(cfg.rev_history as usize);
             t.set_compacted(floor);
         }
@@ -369,8 +372,7 @@ impl Inner {
     async fn barrier(&self) -> Result<()> {
         self.check_open()?;
         let started = Instant::now();
-        let info = timed("read the stream state", self.stream.get_info()).await?;
-        let last = info.state.last_sequence as Revision;
+        let last = self.last_message().await?;
         if self.wait_applied(last, Duration::from_secs(1)).await.is_err() {
             // Connected, yet the replica is behind: its consumer may have stopped delivering.
             self.resync.notify_one();
@@ -381,6 +383,15 @@ impl Inner {
             tracing::warn!(elapsed_ms = elapsed.as_millis() as u64, "slow NATS read barrier");
         }
         Ok(())
+    }
+
+    /// The sequence of the stream's newest message that still exists, asked of the stream
+    /// leader. (The stream's `last_sequence` may name a message that compaction removed, which
+    /// no consumer will ever deliver.)
+    async fn last_message(&self) -> Result<Revision> {
+        let filter = format!("$KV.{}.>", self.bucket);
+        let msg = timed("read the stream's last message", self.stream.get_last_raw_message_by_subject(&filter)).await?;
+        Ok(msg.sequence as Revision)
     }
 
     async fn publish(
@@ -495,11 +506,34 @@ impl NatsBackend {
                 }
                 None => {
                     tracing::debug!("conditional write lost to another writer; evaluating again");
+                    self.forget_compacted_keys(&ev.events).await?;
                     continue;
                 }
             }
         }
         Err(unavailable("a write kept conflicting with other writers"))
+    }
+
+    /// After a failed expectation: a written key whose subject is empty on the server was
+    /// deleted and compacted away (possibly by another node) — forget it, so that the next
+    /// attempt expects an empty subject. Real races need nothing: the replica catches up.
+    async fn forget_compacted_keys(&self, events: &[kine_core::Event]) -> Result<()> {
+        for event in events {
+            let subject = message::subject(&self.inner.bucket, &event.kv.key);
+            let exists =
+                match tokio::time::timeout(NATS_TIMEOUT, self.inner.stream.get_last_raw_message_by_subject(&subject))
+                    .await
+                {
+                    Ok(Ok(_)) => true,
+                    Ok(Err(e)) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => false,
+                    Ok(Err(e)) => return Err(unavailable(format!("read the last message of a key: {e}"))),
+                    Err(_) => return Err(unavailable("read the last message of a key: timed out")),
+                };
+            if !exists {
+                self.inner.table().forget_key(&event.kv.key);
+            }
+        }
+        Ok(())
     }
 
     async fn lease_grant(&self, id: LeaseId, ttl: i64) -> Result<Revisioned<WriteResponse>> {
@@ -591,12 +625,10 @@ impl Backend for NatsBackend {
             (current, compacted, t.changed_keys_between(compacted, revision))
         };
         timed("record the compact revision", inner.meta.put("compact_revision", revision.to_string().into())).await?;
-        let last = timed("read the stream state", inner.stream.get_info()).await?.state.last_sequence as Revision;
         for (key, newest, deleted) in plan {
             let subject = message::subject(&inner.bucket, &key);
-            // Keep the newest version at or below the compact revision, unless it is a deletion;
-            // the stream's very last message stays so that its last sequence stays readable.
-            let keep_from = if deleted && newest < last { newest + 1 } else { newest };
+            // Keep the newest version at or below the compact revision, unless it is a deletion.
+            let keep_from = if deleted { newest + 1 } else { newest };
             timed(
                 "purge superseded versions",
                 std::future::IntoFuture::into_future(inner.stream.purge().filter(subject).sequence(keep_from as u64)),

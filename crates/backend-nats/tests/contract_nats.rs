@@ -141,3 +141,25 @@ async fn outage_fails_fast_and_recovers() {
     let kv = kine_testkit::contract::get(&s, "a").await.unwrap();
     assert_eq!((kv.value.as_slice(), kv.mod_revision, kv.version), (b"3".as_slice(), 3, 2), "nothing lost or doubled");
 }
+
+/// Compacting away a deletion that is the stream's newest message: the key can be written
+/// again (its subject is empty now), and a new process loads the bucket (its newest message is
+/// gone). Found by the model test.
+#[tokio::test]
+async fn compaction_of_a_trailing_deletion() {
+    use kine_core::KeyRange;
+    use kine_core::request::*;
+    let server = NatsServer::start();
+    let b = open(&server, "trailing").await;
+    let s = kine_testkit::contract::store(b.clone()).await;
+    kine_testkit::contract::put(&s, "x", "1").await; // 2
+    s.delete_range(DeleteRangeRequest { range: KeyRange::single("x"), prev_kv: false }).await.unwrap(); // 3
+    s.compact(3).await.unwrap();
+    b.close().await;
+    let b = open(&server, "trailing").await;
+    let s = kine_testkit::contract::store(b.clone()).await;
+    assert_eq!(b.revisions().await.unwrap().current, 3);
+    assert_eq!(kine_testkit::contract::put(&s, "x", "2").await, 4);
+    let kv = kine_testkit::contract::get(&s, "x").await.unwrap();
+    assert_eq!((kv.create_revision, kv.version), (4, 1));
+}
