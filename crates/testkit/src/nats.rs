@@ -86,3 +86,89 @@ impl Drop for NatsServer {
         let _ = self.child.wait();
     }
 }
+
+/// A 3-node nats-server cluster with JetStream, routes on loopback.
+pub struct NatsCluster {
+    pub nodes: Vec<ClusterNode>,
+}
+
+pub struct ClusterNode {
+    child: Option<Child>,
+    pub port: u16,
+    pub cluster_port: u16,
+    pub name: String,
+    pub dir: TempDir,
+    routes: String,
+}
+
+impl ClusterNode {
+    fn spawn(&mut self) {
+        let child = Command::new(nats_server_bin())
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-n", &self.name, "--cluster_name", "kine-test"])
+            .args(["--cluster", &format!("nats://127.0.0.1:{}", self.cluster_port), "--routes", &self.routes, "-sd"])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nats-server");
+        self.child = Some(child);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl NatsCluster {
+    pub fn start() -> NatsCluster {
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let routes = ports.iter().map(|(_, c)| format!("nats://127.0.0.1:{c}")).collect::<Vec<_>>().join(",");
+        let mut nodes: Vec<ClusterNode> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (port, cluster_port))| ClusterNode {
+                child: None,
+                port: *port,
+                cluster_port: *cluster_port,
+                name: format!("n{}", i + 1),
+                dir: TempDir::new("nats-cluster"),
+                routes: routes.clone(),
+            })
+            .collect();
+        for n in &mut nodes {
+            n.spawn();
+        }
+        for n in &nodes {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while std::net::TcpStream::connect(("127.0.0.1", n.port)).is_err() {
+                assert!(Instant::now() < deadline, "nats-server {} did not start", n.name);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        NatsCluster { nodes }
+    }
+
+    /// `nats://` URL list naming every node, starting with node `first`.
+    pub fn urls(&self, first: usize) -> String {
+        (0..self.nodes.len())
+            .map(|i| format!("nats://127.0.0.1:{}", self.nodes[(first + i) % self.nodes.len()].port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+    }
+}
