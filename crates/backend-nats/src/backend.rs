@@ -16,7 +16,7 @@ use crate::message::{self, Decoded};
 use anyhow::{Context as _, anyhow, bail};
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
-use kine_core::backend::{Backend, BackendStatus, FEED_CAPACITY, Revisions};
+use kine_core::backend::{Backend, BackendStatus, FEED_CAPACITY, LeaseUpdate, Revisions};
 use kine_core::memory::MemTable;
 use kine_core::request::{
     DeleteRangeRequest, RangeRequest, RangeResponse, RequestOp, ResponseOp, Revisioned, TxnRequest, TxnResponse,
@@ -24,7 +24,7 @@ use kine_core::request::{
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
 use kine_core::{Error, KeyRange, LeaseId, RangeEnd, Result, Revision, RevisionEvents, range};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,6 +66,11 @@ struct Inner {
     cluster_id: u64,
     member_id: u64,
     replica_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    meta_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The `<bucket>-meta` KV revision of each lease record last seen (expiry is conditional
+    /// on it: a node that renewed the lease meanwhile wins).
+    lease_revs: Mutex<HashMap<LeaseId, u64>>,
+    lease_updates: broadcast::Sender<LeaseUpdate>,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> Error {
@@ -128,8 +133,14 @@ impl NatsBackend {
             cluster_id: hash_id(&format!("kine-rs/{}", cfg.bucket)),
             member_id,
             replica_task: Mutex::new(None),
+            meta_task: Mutex::new(None),
+            lease_revs: Mutex::new(HashMap::new()),
+            lease_updates: broadcast::channel(1024).0,
         });
+        let meta_watch = inner.meta.watch_with_history(">").await.context("watch the meta bucket")?;
         load_leases(&inner).await?;
+        let meta_task = tokio::spawn(follow_meta(inner.clone(), meta_watch));
+        *inner.meta_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(meta_task);
         let started = Instant::now();
         let task = tokio::spawn(replicate(inner.clone(), info.state.first_sequence.max(1)));
         *inner.replica_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
@@ -247,21 +258,62 @@ async fn read_compacted(meta: &jetstream::kv::Store) -> anyhow::Result<Revision>
 
 async fn load_leases(inner: &Inner) -> anyhow::Result<()> {
     let mut keys = inner.meta.keys().await.context("list leases")?;
-    let mut leases = Vec::new();
     while let Some(key) = keys.next().await {
         let key = key.context("list leases")?;
-        if let Some(id) = key.strip_prefix("lease.").and_then(|s| s.parse::<i64>().ok())
-            && let Some(v) = inner.meta.get(&key).await.context("read a lease")?
-        {
-            let ttl = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).context("lease TTL is not a number")?;
-            leases.push((id, ttl));
+        if let Some(entry) = inner.meta.entry(&key).await.context("read a lease")? {
+            inner.apply_meta(&entry);
         }
     }
-    let mut t = inner.table();
-    for (id, ttl) in leases {
-        t.insert_lease(id, ttl)?;
-    }
     Ok(())
+}
+
+/// Follows `<bucket>-meta`: leases granted, renewed or revoked and compactions done by any node.
+async fn follow_meta(inner: Arc<Inner>, mut watch: jetstream::kv::Watch) {
+    loop {
+        match watch.next().await {
+            Some(Ok(entry)) => {
+                if entry.key == "compact_revision" && entry.operation == jetstream::kv::Operation::Put {
+                    let Some(rev) = std::str::from_utf8(&entry.value).ok().and_then(|s| s.parse::<Revision>().ok())
+                    else {
+                        continue;
+                    };
+                    // Compact once the replica holds everything the stream has (messages up to
+                    // `rev` that it never saw were removed by that compaction).
+                    match inner.barrier().await {
+                        Ok(()) => {
+                            let mut t = inner.table();
+                            t.advance(rev);
+                            if t.revisions().compacted < rev {
+                                let _ = t.compact(rev);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, revision = rev, "cannot apply a compaction made by another node yet")
+                        }
+                    }
+                } else {
+                    inner.apply_meta(&entry);
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "meta bucket watch failed; re-creating it");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                match inner.meta.watch_with_history(">").await {
+                    Ok(w) => watch = w,
+                    Err(e) => tracing::warn!(error = %e, "cannot watch the meta bucket"),
+                }
+            }
+            None => {
+                if inner.closed.load(Ordering::SeqCst) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if let Ok(w) = inner.meta.watch_with_history(">").await {
+                    watch = w;
+                }
+            }
+        }
+    }
 }
 
 /// The replica: one ordered consumer over the whole bucket, applying messages in order.
@@ -343,6 +395,30 @@ enum Expect {
 }
 
 impl Inner {
+    /// Applies one `<bucket>-meta` lease record (newer KV revisions only).
+    fn apply_meta(&self, entry: &jetstream::kv::Entry) {
+        let Some(id) = entry.key.strip_prefix("lease.").and_then(|s| s.parse::<LeaseId>().ok()) else { return };
+        let mut revs = self.lease_revs.lock().unwrap_or_else(|p| p.into_inner());
+        if revs.get(&id).is_some_and(|r| *r >= entry.revision) {
+            return;
+        }
+        match entry.operation {
+            jetstream::kv::Operation::Put => {
+                let Some(ttl) = std::str::from_utf8(&entry.value).ok().and_then(|s| s.parse::<i64>().ok()) else {
+                    return;
+                };
+                revs.insert(id, entry.revision);
+                let _ = self.table().insert_lease(id, ttl);
+                let _ = self.lease_updates.send(LeaseUpdate::Renewed { id, ttl });
+            }
+            jetstream::kv::Operation::Delete | jetstream::kv::Operation::Purge => {
+                revs.insert(id, entry.revision);
+                let _ = self.table().remove_lease(id);
+                let _ = self.lease_updates.send(LeaseUpdate::Revoked { id });
+            }
+        }
+    }
+
     fn table(&self) -> std::sync::MutexGuard<'_, MemTable> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -540,7 +616,9 @@ impl NatsBackend {
         let inner = &self.inner;
         let key = format!("lease.{id}");
         match tokio::time::timeout(NATS_TIMEOUT, inner.meta.create(&key, ttl.to_string().into())).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(rev)) => {
+                inner.lease_revs.lock().unwrap_or_else(|p| p.into_inner()).insert(id, rev);
+            }
             Ok(Err(e)) if e.kind() == jetstream::kv::CreateErrorKind::AlreadyExists => return Err(Error::LeaseExists),
             Ok(Err(e)) => return Err(unavailable(format!("grant lease: {e}"))),
             Err(_) => return Err(unavailable("grant lease: timed out")),
@@ -549,14 +627,29 @@ impl NatsBackend {
         Ok(Revisioned { revision: inner.table().revision(), value: WriteResponse::LeaseGranted })
     }
 
-    async fn lease_revoke(&self, id: LeaseId) -> Result<Revisioned<WriteResponse>> {
+    /// Revokes a lease: first its record (for an expiry, only if no node renewed it since this
+    /// node last saw it — so exactly one node revokes an expired lease), then its keys.
+    async fn lease_revoke(&self, id: LeaseId, expired: bool) -> Result<Revisioned<WriteResponse>> {
         let inner = &self.inner;
         inner.barrier().await?;
-        let keys = {
-            let mut t = inner.table();
-            if t.lease(id)?.is_none() {
+        if inner.table().lease(id)?.is_none() {
+            return Err(Error::LeaseNotFound);
+        }
+        let key = format!("lease.{id}");
+        let seen = inner.lease_revs.lock().unwrap_or_else(|p| p.into_inner()).get(&id).copied();
+        let expect = if expired { seen } else { None };
+        match tokio::time::timeout(NATS_TIMEOUT, inner.meta.delete_expect_revision(&key, expect)).await {
+            Ok(Ok(())) => {}
+            // Renewed or revoked by another node meanwhile: not ours to revoke.
+            Ok(Err(e)) if expired && e.kind() == jetstream::kv::DeleteErrorKind::WrongLastRevision => {
                 return Err(Error::LeaseNotFound);
             }
+            Ok(Err(e)) => return Err(unavailable(format!("revoke lease: {e}"))),
+            Err(_) => return Err(unavailable("revoke lease: timed out")),
+        }
+        inner.table().remove_lease(id)?;
+        let keys = {
+            let mut t = inner.table();
             let rev = t.revision();
             t.keys_with_lease(id, rev)?
         };
@@ -571,8 +664,6 @@ impl NatsBackend {
             };
             revision = self.conditional_write(WriteOp::Txn(txn)).await?.revision;
         }
-        timed("revoke lease", inner.meta.delete(format!("lease.{id}"))).await?;
-        inner.table().remove_lease(id)?;
         Ok(Revisioned { revision, value: WriteResponse::LeaseRevoked })
     }
 }
@@ -609,7 +700,7 @@ impl Backend for NatsBackend {
         self.inner.check_open()?;
         match op {
             WriteOp::LeaseGrant { id, ttl } => self.lease_grant(id, ttl).await,
-            WriteOp::LeaseRevoke { id } => self.lease_revoke(id).await,
+            WriteOp::LeaseRevoke { id, expired } => self.lease_revoke(id, expired).await,
             txn @ WriteOp::Txn(_) => self.conditional_write(txn).await,
         }
     }
@@ -635,7 +726,13 @@ impl Backend for NatsBackend {
             )
             .await?;
         }
-        inner.table().compact(revision)?;
+        {
+            // The meta watch may have applied it already.
+            let mut t = inner.table();
+            if t.revisions().compacted < revision {
+                t.compact(revision)?;
+            }
+        }
         tracing::debug!(revision, previous, "compacted");
         Ok(current)
     }
@@ -672,16 +769,31 @@ impl Backend for NatsBackend {
 
     async fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
-        if let Some(task) = self.inner.replica_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            task.abort();
+        for task in [&self.inner.replica_task, &self.inner.meta_task] {
+            if let Some(task) = task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                task.abort();
+            }
         }
+    }
+
+    async fn lease_renew(&self, id: LeaseId, ttl: i64) -> Result<()> {
+        self.inner.check_open()?;
+        let rev = timed("renew lease", self.inner.meta.put(format!("lease.{id}"), ttl.to_string().into())).await?;
+        self.inner.lease_revs.lock().unwrap_or_else(|p| p.into_inner()).insert(id, rev);
+        Ok(())
+    }
+
+    fn lease_updates(&self) -> Option<broadcast::Receiver<LeaseUpdate>> {
+        Some(self.inner.lease_updates.subscribe())
     }
 }
 
 impl Drop for NatsBackend {
     fn drop(&mut self) {
-        if let Some(task) = self.inner.replica_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            task.abort();
+        for task in [&self.inner.replica_task, &self.inner.meta_task] {
+            if let Some(task) = task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                task.abort();
+            }
         }
     }
 }

@@ -63,6 +63,30 @@ pub trait Backend: Send + Sync + 'static {
     async fn defragment(&self) -> Result<()>;
     /// Flushes and releases resources; later calls fail with `Unavailable`.
     async fn close(&self);
+
+    /// For datastores shared by several kine-rs nodes: records a keep-alive so that every
+    /// node extends the lease. Single-node backends need nothing.
+    async fn lease_renew(&self, _id: LeaseId, _ttl: i64) -> Result<()> {
+        Ok(())
+    }
+
+    /// For shared datastores: lease changes made by any node (grants, renewals, revocations).
+    fn lease_updates(&self) -> Option<broadcast::Receiver<LeaseUpdate>> {
+        None
+    }
+}
+
+/// A lease change seen in a shared datastore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseUpdate {
+    /// Granted or renewed (by any node): the TTL starts again.
+    Renewed {
+        id: LeaseId,
+        ttl: i64,
+    },
+    Revoked {
+        id: LeaseId,
+    },
 }
 
 /// Capacity of a backend's live feed. A subscriber that falls further behind re-reads the gap

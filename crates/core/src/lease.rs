@@ -4,7 +4,7 @@
 //! them). Deadlines live here, in memory: as in etcd, a restart gives every lease its full TTL
 //! again. Expiry revokes the lease through the backend, deleting its keys in one revision.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, LeaseUpdate};
 use crate::error::{Error, Result};
 use crate::shutdown::Shutdown;
 use crate::txn::WriteOp;
@@ -91,7 +91,7 @@ impl Lessor {
         if !self.state().contains_key(&id) {
             return Err(Error::LeaseNotFound);
         }
-        let result = self.backend.write(WriteOp::LeaseRevoke { id }).await;
+        let result = self.backend.write(WriteOp::LeaseRevoke { id, expired: false }).await;
         if matches!(result, Ok(_) | Err(Error::LeaseNotFound)) {
             self.state().remove(&id);
         }
@@ -99,15 +99,52 @@ impl Lessor {
     }
 
     /// Renews a lease. Returns its TTL, or `LeaseNotFound` if it is gone or already expired.
-    pub fn keep_alive(&self, id: LeaseId) -> Result<i64> {
-        let mut leases = self.state();
-        let now = Instant::now();
-        match leases.get_mut(&id) {
-            Some(l) if l.deadline > now => {
-                l.deadline = now + secs(l.ttl);
-                Ok(l.ttl)
+    pub async fn keep_alive(&self, id: LeaseId) -> Result<i64> {
+        let ttl = {
+            let mut leases = self.state();
+            let now = Instant::now();
+            match leases.get_mut(&id) {
+                Some(l) if l.deadline > now => {
+                    l.deadline = now + secs(l.ttl);
+                    l.ttl
+                }
+                _ => return Err(Error::LeaseNotFound),
             }
-            _ => Err(Error::LeaseNotFound),
+        };
+        // Other nodes sharing the datastore extend it too.
+        self.backend.lease_renew(id, ttl).await?;
+        Ok(ttl)
+    }
+
+    /// Follows lease changes made by other nodes of a shared datastore, until shutdown.
+    pub async fn follow_updates(self: Arc<Self>, mut shutdown: Shutdown) {
+        let Some(mut updates) = self.backend.lease_updates() else { return };
+        loop {
+            let update = tokio::select! {
+                _ = shutdown.wait() => return,
+                u = updates.recv() => u,
+            };
+            match update {
+                Ok(LeaseUpdate::Renewed { id, ttl }) => {
+                    self.state().insert(id, LeaseState { ttl, deadline: Instant::now() + secs(ttl) });
+                    self.changed.notify_one();
+                }
+                Ok(LeaseUpdate::Revoked { id }) => {
+                    self.state().remove(&id);
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "missed lease updates; reloading leases");
+                    if let Ok(all) = self.backend.leases().await {
+                        let mut state = self.state();
+                        let now = Instant::now();
+                        state.retain(|id, _| all.iter().any(|(i, _)| i == id));
+                        for (id, ttl) in all {
+                            state.entry(id).or_insert(LeaseState { ttl, deadline: now + secs(ttl) });
+                        }
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
         }
     }
 
@@ -152,7 +189,7 @@ impl Lessor {
                 if !still_expired {
                     continue;
                 }
-                match self.backend.write(WriteOp::LeaseRevoke { id }).await {
+                match self.backend.write(WriteOp::LeaseRevoke { id, expired: true }).await {
                     Ok(r) => {
                         tracing::debug!(lease = id, revision = r.revision, "lease expired and revoked");
                         self.state().remove(&id);

@@ -44,6 +44,7 @@ impl Store {
     pub fn spawn_tasks(&self, shutdown: &Shutdown) -> Vec<JoinHandle<()>> {
         vec![
             tokio::spawn(self.lessor.clone().run_expiry(shutdown.clone())),
+            tokio::spawn(self.lessor.clone().follow_updates(shutdown.clone())),
             tokio::spawn(compactor::run(self.backend.clone(), self.options.compact.clone(), shutdown.clone())),
         ]
     }
@@ -103,8 +104,8 @@ impl Store {
         self.lessor.revoke(id).await
     }
 
-    pub fn lease_keep_alive(&self, id: LeaseId) -> Result<i64> {
-        self.lessor.keep_alive(id)
+    pub async fn lease_keep_alive(&self, id: LeaseId) -> Result<i64> {
+        self.lessor.keep_alive(id).await
     }
 
     pub async fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> Result<Option<TimeToLive>> {

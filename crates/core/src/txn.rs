@@ -17,8 +17,16 @@ use crate::view::WriteView;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WriteOp {
     Txn(TxnRequest),
-    LeaseGrant { id: LeaseId, ttl: i64 },
-    LeaseRevoke { id: LeaseId },
+    LeaseGrant {
+        id: LeaseId,
+        ttl: i64,
+    },
+    /// `expired`: revoked by expiry, not by a client; a shared datastore revokes only if no
+    /// node renewed the lease meanwhile.
+    LeaseRevoke {
+        id: LeaseId,
+        expired: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,7 +69,7 @@ pub fn apply(view: &mut dyn WriteView, op: &WriteOp) -> Result<Applied> {
             exec.view.insert_lease(*id, *ttl)?;
             WriteResponse::LeaseGranted
         }
-        WriteOp::LeaseRevoke { id } => {
+        WriteOp::LeaseRevoke { id, .. } => {
             if exec.view.lease(*id)?.is_none() {
                 return Err(Error::LeaseNotFound);
             }

@@ -24,13 +24,13 @@ async fn leases_expire_on_time_and_keep_alive_extends_them() {
         store.put(PutRequest { key: key.into(), value: b"v".to_vec(), lease, ..Default::default() }).await.unwrap();
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(store.lease_keep_alive(kept).unwrap(), 5);
+    assert_eq!(store.lease_keep_alive(kept).await.unwrap(), 5);
     assert_eq!(count(&store).await, 2);
     tokio::time::sleep(Duration::from_millis(1600)).await;
     // `short` expired at 5 s: its key is gone, in one revision (rev 4).
     assert_eq!(count(&store).await, 1);
     assert_eq!(store.current_revision().await.unwrap(), 4);
-    assert!(matches!(store.lease_keep_alive(short), Err(Error::LeaseNotFound)));
+    assert!(matches!(store.lease_keep_alive(short).await, Err(Error::LeaseNotFound)));
     let ttl = store.lease_time_to_live(kept, false).await.unwrap().unwrap();
     assert_eq!(ttl.ttl, 3);
     tokio::time::sleep(Duration::from_secs(4)).await;

@@ -12,7 +12,8 @@ use std::time::Duration;
 async fn collect(w: &mut WatchStream, until: i64) -> Vec<(i64, i32, Vec<u8>)> {
     let mut out = Vec::new();
     loop {
-        let r = tokio::time::timeout(Duration::from_secs(30), w.message()).await.expect("watch in time").unwrap().unwrap();
+        let r =
+            tokio::time::timeout(Duration::from_secs(30), w.message()).await.expect("watch in time").unwrap().unwrap();
         assert!(!r.canceled(), "watch canceled: {}", r.cancel_reason());
         for e in r.events() {
             let kv = e.kv().unwrap();
@@ -75,7 +76,9 @@ async fn three_kine_nodes_on_a_three_node_nats_cluster() {
                 winners += 1;
             } else {
                 match &r.op_responses()[0] {
-                    TxnOpResponse::Get(g) => assert_eq!(g.kvs()[0].value(), current.kvs()[0].value(), "loser sees the winner's value"),
+                    TxnOpResponse::Get(g) => {
+                        assert_eq!(g.kvs()[0].value(), current.kvs()[0].value(), "loser sees the winner's value")
+                    }
                     other => panic!("expected get, got {other:?}"),
                 }
             }
@@ -134,4 +137,55 @@ async fn three_kine_nodes_on_a_three_node_nats_cluster() {
     assert_eq!(streams[0], streams[1]);
     assert_eq!(streams[0], streams[2]);
     drop(nodes);
+}
+
+/// Leases and compaction are shared: a lease kept alive through one node stays alive on all;
+/// once it expires it is revoked once (one delete event per key, not one per node); a
+/// compaction done through one node is seen by the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_compaction_are_shared_between_nodes() {
+    let nats = kine_testkit::nats::NatsServer::start();
+    let endpoint = format!("{}?bucket=shared", nats.url());
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start(&["--endpoint", &endpoint])).collect();
+    let mut clients = Vec::new();
+    for n in &nodes {
+        clients.push(n.client().await);
+    }
+    let mut w = clients[0].watch("/l/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    assert!(w.message().await.unwrap().unwrap().created());
+    let lease = clients[0].lease_grant(3, None).await.unwrap().id();
+    clients[1].put("/l/k", "v", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    // Keep it alive through node 2 for twice its TTL.
+    let (mut keeper, mut responses) = clients[2].lease_keep_alive(lease).await.unwrap();
+    for _ in 0..6 {
+        keeper.keep_alive().await.unwrap();
+        assert_eq!(responses.message().await.unwrap().unwrap().ttl(), 3);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    for c in &mut clients {
+        assert_eq!(
+            c.get("/l/k", None).await.unwrap().count(),
+            1,
+            "renewals on one node keep the lease alive everywhere"
+        );
+    }
+    drop(keeper);
+    // Now it expires: exactly one delete event.
+    let r = tokio::time::timeout(Duration::from_secs(10), w.message()).await.expect("put event").unwrap().unwrap();
+    assert_eq!(r.events()[0].event_type(), EventType::Put);
+    let r = tokio::time::timeout(Duration::from_secs(10), w.message()).await.expect("expiry").unwrap().unwrap();
+    assert_eq!(r.events().len(), 1);
+    assert_eq!(r.events()[0].event_type(), EventType::Delete);
+    let deleted_at = r.events()[0].kv().unwrap().mod_revision();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let next = clients[1].put("/l/after", "x", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(next, deleted_at + 1, "the expiry cost one revision, not one per node");
+    for c in &mut clients {
+        assert_eq!(c.lease_time_to_live(lease, None).await.unwrap().ttl(), -1);
+    }
+    // Compaction through node 0 is seen by node 1.
+    clients[0].compact(next, None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let e = clients[1].get("/l/after", Some(GetOptions::new().with_revision(next - 1))).await.unwrap_err();
+    assert!(e.to_string().contains("required revision has been compacted"), "{e}");
 }

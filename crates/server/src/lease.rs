@@ -49,7 +49,7 @@ impl pb::lease_server::Lease for LeaseService {
                 };
                 let Some(Ok(req)) = req else { return };
                 // As etcd: an unknown or expired lease answers TTL 0.
-                let ttl = match ctx.store.lease_keep_alive(req.id) {
+                let ttl = match ctx.store.lease_keep_alive(req.id).await {
                     Ok(ttl) => ttl,
                     Err(Error::LeaseNotFound) => 0,
                     Err(e) => {

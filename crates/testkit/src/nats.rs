@@ -104,7 +104,17 @@ pub struct ClusterNode {
 impl ClusterNode {
     fn spawn(&mut self) {
         let child = Command::new(nats_server_bin())
-            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js", "-n", &self.name, "--cluster_name", "kine-test"])
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-n",
+                &self.name,
+                "--cluster_name",
+                "kine-test",
+            ])
             .args(["--cluster", &format!("nats://127.0.0.1:{}", self.cluster_port), "--routes", &self.routes, "-sd"])
             .arg(self.dir.path())
             .stdout(Stdio::null())
