@@ -28,7 +28,7 @@ async fn main() -> anyhow::Result<()> {
     let js = async_nats::jetstream::new(client);
     let started = Instant::now();
     let mut versions = vec![(0i64, 0i64); keys];
-    let mut pending = Vec::with_capacity(10_000);
+    let mut pending = Vec::with_capacity(1_000);
     for i in 0..revisions {
         let k = i % keys;
         let seq = i as i64 + 2; // the init marker is sequence 1
@@ -52,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
         };
         let (headers, payload) = message::encode(&event);
         pending.push(js.publish_with_headers(message::subject(&bucket, &key), headers, payload).await?);
-        if pending.len() == 10_000 {
+        if pending.len() == 1_000 {
             for ack in pending.drain(..) {
                 ack.await?;
             }
