@@ -470,11 +470,13 @@ impl Inner {
         Ok(msg.sequence as Revision)
     }
 
+    /// Publishes the messages of one write. `key_last[i]` is the last revision of event `i`'s
+    /// key when the write was evaluated. `None`: an expectation failed.
     async fn publish(
         &self,
         events: &[kine_core::Event],
         expect: Expect,
-        table_last: impl Fn(&[u8]) -> Revision,
+        key_last: &[Revision],
     ) -> Result<Option<Revision>> {
         let batch_id = (events.len() > 1).then(|| format!("kine-{:x}", kine_core::id::random_u64()));
         let mut ack = None;
@@ -482,8 +484,7 @@ impl Inner {
             let (mut headers, payload) = message::encode(event);
             match &expect {
                 Expect::PerKey => {
-                    headers
-                        .insert("Nats-Expected-Last-Subject-Sequence", table_last(&event.kv.key).to_string().as_str());
+                    headers.insert("Nats-Expected-Last-Subject-Sequence", key_last[i].to_string().as_str());
                 }
                 Expect::Stream(last) if i == 0 => {
                     headers.insert("Nats-Expected-Last-Sequence", last.to_string().as_str());
@@ -557,10 +558,17 @@ impl NatsBackend {
         let _guard = inner.write_lock.lock().await;
         for _ in 0..MAX_WRITE_ATTEMPTS {
             inner.barrier().await?;
-            let (applied, base, expect) = {
+            let (applied, base, expect, key_last) = {
                 let mut t = inner.table();
                 let base = t.revision();
                 let applied = t.evaluate(&op)?;
+                // The expectations must describe the state the request was evaluated on, so
+                // they are taken here, under the same lock, never later.
+                let key_last: Vec<Revision> = applied
+                    .events
+                    .as_ref()
+                    .map(|ev| ev.events.iter().map(|e| t.last_change(&e.kv.key).unwrap_or(0)).collect())
+                    .unwrap_or_default();
                 let expect = match (&op, &applied.response, &applied.events) {
                     (WriteOp::Txn(req), WriteResponse::Txn(resp), Some(ev)) => {
                         let written: HashSet<Vec<u8>> = ev.events.iter().map(|e| e.kv.key.clone()).collect();
@@ -568,13 +576,12 @@ impl NatsBackend {
                     }
                     _ => Expect::Stream(base),
                 };
-                (applied, base, expect)
+                (applied, base, expect, key_last)
             };
             let Some(ev) = &applied.events else {
                 return Ok(Revisioned { revision: base, value: applied.response });
             };
-            let last_of = |key: &[u8]| inner.table().last_change(key).unwrap_or(0);
-            match inner.publish(&ev.events, expect, last_of).await? {
+            match inner.publish(&ev.events, expect, &key_last).await? {
                 Some(seq) => {
                     // Committed. No need to wait for the replica here: every later read or
                     // write on this node first waits for it to reach the stream's end.

@@ -163,3 +163,46 @@ async fn compaction_of_a_trailing_deletion() {
     let kv = kine_testkit::contract::get(&s, "x").await.unwrap();
     assert_eq!((kv.create_revision, kv.version), (4, 1));
 }
+
+/// Three processes' worth of backends on one bucket race conditional updates of one key: every
+/// round exactly one wins. (A regression test: the expectation must be the key's revision when
+/// the request was evaluated, not when it is published.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_conditional_updates_have_exactly_one_winner() {
+    use kine_core::KeyRange;
+    use kine_core::request::*;
+    let server = NatsServer::start();
+    let stores = [
+        kine_testkit::contract::store(open(&server, "race").await).await,
+        kine_testkit::contract::store(open(&server, "race").await).await,
+        kine_testkit::contract::store(open(&server, "race").await).await,
+    ];
+    kine_testkit::contract::put(&stores[0], "hot", "0").await;
+    for round in 0..150 {
+        let rev = kine_testkit::contract::get(&stores[round % 3], "hot").await.unwrap().mod_revision;
+        let tasks: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let t = TxnRequest {
+                        compare: vec![Compare {
+                            range: KeyRange::single("hot"),
+                            result: CompareResult::Equal,
+                            target: CompareTarget::Mod(rev),
+                        }],
+                        success: vec![RequestOp::Put(kine_testkit::contract::put_req("hot", &format!("{round}-{i}")))],
+                        failure: vec![],
+                    };
+                    s.txn(t).await.unwrap().value.succeeded
+                })
+            })
+            .collect();
+        let mut winners = 0;
+        for t in tasks {
+            winners += t.await.unwrap() as usize;
+        }
+        assert_eq!(winners, 1, "round {round}");
+    }
+}

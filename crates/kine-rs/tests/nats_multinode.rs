@@ -52,7 +52,7 @@ async fn three_kine_nodes_on_a_three_node_nats_cluster() {
     // Conflicting updates: every round, all three nodes update the same key conditionally on
     // the revision they read; exactly one wins, the others get the winner's value back.
     clients[0].put("/m/hot", "0", None).await.unwrap();
-    for round in 0..20 {
+    for round in 0..50 {
         let rev = clients[round % 3].get("/m/hot", None).await.unwrap().kvs()[0].mod_revision();
         let mut tasks = Vec::new();
         for (i, c) in clients.iter().enumerate() {
