@@ -376,7 +376,18 @@ async fn replicate(inner: Arc<Inner>, first: u64) {
                 }
             };
             // Applied first, published second (see the Backend invariants).
-            inner.applied.send_replace(seq);
+            // Waking every waiter per message costs more than applying it during a bulk load:
+            // while the consumer still has messages pending, advance silently and wake every
+            // 4096 messages; once caught up, wake on each one.
+            let pending = info.pending;
+            if pending == 0 || seq % 4096 == 0 {
+                inner.applied.send_replace(seq);
+            } else {
+                inner.applied.send_if_modified(|applied| {
+                    *applied = seq;
+                    false
+                });
+            }
             if let Some(ev) = events {
                 let _ = inner.feed.send(Arc::new(ev));
             }
