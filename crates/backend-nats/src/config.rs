@@ -132,6 +132,15 @@ pub fn parse(endpoint: &str, parse_duration: impl Fn(&str) -> Result<Duration, S
     Ok(cfg)
 }
 
+/// A whole number from `min` to `max`, or an error naming the parameter.
+fn in_range(endpoint: &str, name: &str, value: &str, min: i64, max: i64) -> Result<i64, String> {
+    value
+        .parse()
+        .ok()
+        .filter(|v| (min..=max).contains(v))
+        .ok_or_else(|| err(endpoint, format!("{name}={value} must be a number from {min} to {max}")))
+}
+
 fn parse_params(
     endpoint: &str,
     query: &str,
@@ -163,20 +172,8 @@ fn parse_params(
                 }
                 cfg.bucket = value;
             }
-            "replicas" => {
-                cfg.replicas = value
-                    .parse()
-                    .ok()
-                    .filter(|r| (1..=5).contains(r))
-                    .ok_or_else(|| err(endpoint, format!("replicas={value} must be a number from 1 to 5")))?;
-            }
-            "revHistory" => {
-                cfg.rev_history = value
-                    .parse()
-                    .ok()
-                    .filter(|r| (2..=64).contains(r))
-                    .ok_or_else(|| err(endpoint, format!("revHistory={value} must be a number from 2 to 64")))?;
-            }
+            "replicas" => cfg.replicas = in_range(endpoint, name, &value, 1, 5)? as usize,
+            "revHistory" => cfg.rev_history = in_range(endpoint, name, &value, 2, 64)?,
             "slowMethod" => {
                 cfg.slow_method =
                     parse_duration(&value).map_err(|e| err(endpoint, format!("slowMethod={value}: {e}")))?;
