@@ -2,7 +2,7 @@
 # Runs the Kubernetes storage test suite (k8s.io/apiserver) unmodified against
 # kine-rs. See README.md.
 #
-#   conformance/run.sh --backend sqlite|memory [--run REGEX] [--bin PATH]
+#   conformance/run.sh --backend sqlite|memory|nats|nats-embedded [--run REGEX] [--bin PATH]
 #                      [--pkg PACKAGE]... [--verbose]
 set -euo pipefail
 
@@ -46,10 +46,10 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 case "$BACKEND" in
-    sqlite|memory|nats) ;;
-    postgres|mysql|nats-embedded)
+    sqlite|memory|nats|nats-embedded) ;;
+    postgres|mysql)
         echo "run.sh: backend $BACKEND is not supported by the conformance harness yet" >&2; exit 2 ;;
-    *) echo "run.sh: --backend sqlite|memory|nats is required" >&2; usage ;;
+    *) echo "run.sh: --backend sqlite|memory|nats|nats-embedded is required" >&2; usage ;;
 esac
 [[ ${#PACKAGES[@]} -gt 0 ]] || PACKAGES=("${DEFAULT_PACKAGES[@]}")
 

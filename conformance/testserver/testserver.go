@@ -10,7 +10,7 @@
 // Configuration comes from the environment:
 //
 //	KINE_RS_BIN         path of the kine-rs binary (required)
-//	KINE_RS_BACKEND     sqlite (default), memory or nats; see endpointFor
+//	KINE_RS_BACKEND     sqlite (default), memory, nats or nats-embedded; see endpointFor
 //	KINE_RS_NATS_URL    nats://host:port of the nats-server for KINE_RS_BACKEND=nats
 //	KINE_RS_LOG_DIR     optional directory that keeps one server log per test
 //	                    (default: a per-test temporary directory)
@@ -211,13 +211,17 @@ func endpointFor(backend, dir string) (string, error) {
 			return "", fmt.Errorf("KINE_RS_BACKEND=nats needs KINE_RS_NATS_URL (run.sh starts a nats-server and sets it)")
 		}
 		bucketSeq++
-		return fmt.Sprintf("%s?bucket=t%d-%d", natsURL, os.Getpid(), bucketSeq), nil
-	case "postgres", "mysql", "nats-embedded":
+		return fmt.Sprintf("%s?noEmbed&bucket=t%d-%d", natsURL, os.Getpid(), bucketSeq), nil
+	case "nats-embedded":
+		// Each kine-rs runs its own in-process nats-server (bare nats://), with
+		// JetStream stored in the test's directory.
+		return "nats://?dataDir=" + filepath.Join(dir, "nats"), nil
+	case "postgres", "mysql":
 		// These need a server (or a fresh database per test) that the
 		// harness does not provision yet.
 		return "", fmt.Errorf("KINE_RS_BACKEND=%s is not supported by the conformance harness yet", backend)
 	default:
-		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite, memory or nats)", backend)
+		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite, memory, nats or nats-embedded)", backend)
 	}
 }
 

@@ -62,7 +62,8 @@ struct Inner {
     /// that stopped delivering, e.g. after a server restart).
     resync: tokio::sync::Notify,
     slow: Duration,
-    closed: AtomicBool,
+    /// Set by `close`; shared with the client's event callback.
+    closed: Arc<AtomicBool>,
     cluster_id: u64,
     member_id: u64,
     replica_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -103,7 +104,8 @@ impl NatsBackend {
     /// retained messages, which compaction keeps close to the number of live keys).
     pub async fn open(options: NatsOptions) -> anyhow::Result<NatsBackend> {
         let cfg = &options.config;
-        let (servers, opts) = connect::options(cfg, &options.tls).await?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let (servers, opts) = connect::options(cfg, &options.tls, closed.clone()).await?;
         let client = tokio::time::timeout(Duration::from_secs(30), opts.connect(servers.clone()))
             .await
             .map_err(|_| anyhow!("cannot reach NATS at {} within 30 s", servers.join(",")))?
@@ -129,7 +131,7 @@ impl NatsBackend {
             write_lock: tokio::sync::Mutex::new(()),
             resync: tokio::sync::Notify::new(),
             slow: cfg.slow_method,
-            closed: AtomicBool::new(false),
+            closed,
             cluster_id: hash_id(&format!("kine-rs/{}", cfg.bucket)),
             member_id,
             replica_task: Mutex::new(None),
@@ -792,6 +794,10 @@ impl Backend for NatsBackend {
                 task.abort();
             }
         }
+        // Flush what was published and close the connection (an embedded server is shut down
+        // next; the client must not try to reconnect to it).
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.client.flush()).await;
+        let _ = self.inner.client.drain().await;
     }
 
     async fn lease_renew(&self, id: LeaseId, ttl: i64) -> Result<()> {

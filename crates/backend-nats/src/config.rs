@@ -75,10 +75,29 @@ fn unescape(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Splits the list at each `,` that starts another URL, so that a parameter value may contain
+/// commas (a directory name, say).
+fn split_urls(endpoint: &str) -> Vec<&str> {
+    let starts_url = |rest: &str| {
+        rest.split_once("://")
+            .is_some_and(|(scheme, _)| !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric()))
+    };
+    let mut urls = Vec::new();
+    let mut start = 0;
+    for (i, _) in endpoint.match_indices(',') {
+        if starts_url(&endpoint[i + 1..]) {
+            urls.push(&endpoint[start..i]);
+            start = i + 1;
+        }
+    }
+    urls.push(&endpoint[start..]);
+    urls
+}
+
 pub fn parse(endpoint: &str, parse_duration: impl Fn(&str) -> Result<Duration, String>) -> Result<NatsConfig, String> {
     let mut cfg = NatsConfig::default();
     let mut params: Option<&str> = None;
-    for (i, url) in endpoint.split(',').enumerate() {
+    for (i, url) in split_urls(endpoint).into_iter().enumerate() {
         let rest = url
             .strip_prefix("nats://")
             .ok_or_else(|| err(endpoint, format!("every URL must start with nats:// (got {url:?})")))?;
@@ -214,6 +233,12 @@ mod tests {
         assert_eq!(c.credentials, Credentials::Token("secret".into()));
         assert!(c.no_embed);
         assert_eq!(c.data_dir, Some(PathBuf::from("/var/lib/nats")));
+        // Commas inside a parameter value do not split the URL list.
+        let c = parse("nats://?dataDir=/tmp/a=1,b=2/nats", dur).unwrap();
+        assert_eq!(c.data_dir, Some(PathBuf::from("/tmp/a=1,b=2/nats")));
+        let c = parse("nats://h1:4222,nats://h2:4222?dataDir=/x,y", dur).unwrap();
+        assert_eq!(c.servers, vec!["h1:4222", "h2:4222"]);
+        assert_eq!(c.data_dir, Some(PathBuf::from("/x,y")));
     }
 
     #[test]
@@ -230,5 +255,6 @@ mod tests {
         assert!(e("nats://h?contextFile=/x").contains("contextFile"));
         assert!(e("nats://h?replicas=1,nats://j?bucket=b").contains("given twice"));
         assert!(e("nats://u:p@h,nats://x:y@j").contains("first URL"));
+        assert!(e("nats://h,http://x").contains("must start with nats://"));
     }
 }

@@ -4,6 +4,8 @@ use crate::config::{Credentials, NatsConfig};
 use anyhow::{Context, Result, bail};
 use async_nats::ConnectOptions;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Datastore TLS files (`--ca-file`, `--cert-file`, `--key-file`).
@@ -47,9 +49,13 @@ fn read_context(path: &PathBuf) -> Result<ContextFile> {
     })
 }
 
-/// Server addresses and options for `async_nats`. `servers` overrides the config's servers
-/// (the embedded server's address).
-pub async fn options(cfg: &NatsConfig, tls: &ClientTls) -> Result<(Vec<String>, ConnectOptions)> {
+/// Server addresses and options for `async_nats`. Once `closing` is set, losing the
+/// connection is expected and logged at debug only.
+pub async fn options(
+    cfg: &NatsConfig,
+    tls: &ClientTls,
+    closing: Arc<AtomicBool>,
+) -> Result<(Vec<String>, ConnectOptions)> {
     let mut servers: Vec<String> = cfg.servers.iter().map(|s| format!("nats://{s}")).collect();
     let mut opts = ConnectOptions::new()
         .name(format!("kine-rs using bucket {}", cfg.bucket))
@@ -58,11 +64,15 @@ pub async fn options(cfg: &NatsConfig, tls: &ClientTls) -> Result<(Vec<String>, 
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(Duration::from_secs(5)))
         .reconnect_delay_callback(|attempts| Duration::from_millis((100 * attempts as u64).min(2000)))
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Disconnected => tracing::warn!("NATS connection lost; reconnecting"),
-                async_nats::Event::Connected => tracing::info!("NATS connection (re)established"),
-                other => tracing::debug!(event = %other, "NATS client event"),
+        .event_callback(move |event| {
+            let closing = closing.load(Ordering::SeqCst);
+            async move {
+                match event {
+                    async_nats::Event::Disconnected if closing => tracing::debug!("NATS connection closed"),
+                    async_nats::Event::Disconnected => tracing::warn!("NATS connection lost; reconnecting"),
+                    async_nats::Event::Connected => tracing::info!("NATS connection (re)established"),
+                    other => tracing::debug!(event = %other, "NATS client event"),
+                }
             }
         });
     let mut ca = tls.ca_file.clone();

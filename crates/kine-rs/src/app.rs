@@ -34,19 +34,53 @@ fn no_datastore_tls(cli: &Cli, kind: &str) -> Result<()> {
     Ok(())
 }
 
-async fn open_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
+/// A running embedded NATS server, or nothing (feature off, or another datastore).
+#[cfg(feature = "embedded-nats")]
+type Embedded = Option<crate::embedded::Embedded>;
+#[cfg(not(feature = "embedded-nats"))]
+type Embedded = Option<std::convert::Infallible>;
+
+async fn shutdown_embedded(embedded: Embedded) {
+    #[cfg(feature = "embedded-nats")]
+    if let Some(e) = embedded {
+        e.shutdown().await;
+    }
+    #[cfg(not(feature = "embedded-nats"))]
+    let _ = embedded;
+}
+
+#[cfg(feature = "embedded-nats")]
+async fn start_embedded(
+    config: kine_backend_nats::config::NatsConfig,
+    stop: &Shutdown,
+) -> Result<(Embedded, kine_backend_nats::config::NatsConfig)> {
+    if !endpoint::wants_embedded(&config) {
+        return Ok((None, config));
+    }
+    let (embedded, config) = crate::embedded::start(config, stop).await?;
+    Ok((Some(embedded), config))
+}
+
+#[cfg(not(feature = "embedded-nats"))]
+async fn start_embedded(
+    config: kine_backend_nats::config::NatsConfig,
+    _stop: &Shutdown,
+) -> Result<(Embedded, kine_backend_nats::config::NatsConfig)> {
+    Ok((None, config))
+}
+
+async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, Embedded)> {
     Ok(match endpoint::parse(&cli.endpoint).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => {
             no_datastore_tls(cli, "sqlite")?;
             let options = kine_backend_sql::SqliteOptions { path: path.clone() };
-            Arc::new(
-                kine_backend_sql::SqliteBackend::open(options)
-                    .with_context(|| format!("--endpoint: cannot open SQLite database {}", path.display()))?,
-            )
+            let backend = kine_backend_sql::SqliteBackend::open(options)
+                .with_context(|| format!("--endpoint: cannot open SQLite database {}", path.display()))?;
+            (Arc::new(backend), None)
         }
         Endpoint::Memory => {
             no_datastore_tls(cli, "memory")?;
-            Arc::new(kine_core::memory::MemoryBackend::new())
+            (Arc::new(kine_core::memory::MemoryBackend::new()), None)
         }
         Endpoint::Nats(config) => {
             if cli.skip_verify {
@@ -57,12 +91,15 @@ async fn open_backend(cli: &Cli) -> Result<Arc<dyn Backend>> {
                 cert_file: cli.cert_file.clone(),
                 key_file: cli.key_file.clone(),
             };
-            let options = kine_backend_nats::NatsOptions { config: *config, tls };
-            Arc::new(
-                kine_backend_nats::NatsBackend::open(options)
-                    .await
-                    .context("--endpoint: cannot open the NATS bucket")?,
-            )
+            let (embedded, config) = start_embedded(*config, stop).await?;
+            let options = kine_backend_nats::NatsOptions { config, tls };
+            match kine_backend_nats::NatsBackend::open(options).await {
+                Ok(backend) => (Arc::new(backend), embedded),
+                Err(e) => {
+                    shutdown_embedded(embedded).await;
+                    return Err(e.context("--endpoint: cannot open the NATS bucket"));
+                }
+            }
         }
     })
 }
@@ -97,7 +134,7 @@ fn server_tls(cli: &Cli) -> Result<Option<ServerTlsConfig>> {
 pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<()> {
     let address = listen::parse(&cli.listen_address)?;
     let tls = server_tls(&cli)?;
-    let backend = open_backend(&cli).await?;
+    let (backend, embedded) = open_backend(&cli, &stop).await?;
     let store_options = StoreOptions {
         watch_progress_interval: cli.watch_progress_notify_interval,
         compact: CompactOptions {
@@ -107,8 +144,19 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             timeout: cli.compact_timeout,
         },
     };
-    let store = Store::open(backend.clone(), store_options).await.context("load leases")?;
-    let bound = listen::bind(&address, tls.is_some()).await?;
+    let opened = async {
+        let store = Store::open(backend.clone(), store_options).await.context("load leases")?;
+        let bound = listen::bind(&address, tls.is_some()).await?;
+        anyhow::Ok((store, bound))
+    };
+    let (store, bound) = match opened.await {
+        Ok(v) => v,
+        Err(e) => {
+            backend.close().await;
+            shutdown_embedded(embedded).await;
+            return Err(e);
+        }
+    };
     let tasks = store.spawn_tasks(&stop);
     let revision = store.current_revision().await?;
     tracing::info!(
@@ -157,6 +205,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         let _ = task.await;
     }
     backend.close().await;
+    shutdown_embedded(embedded).await;
     if let Some(path) = bound.socket_path {
         let _ = std::fs::remove_file(path);
     }

@@ -11,23 +11,56 @@ pub enum Endpoint {
     Nats(Box<kine_backend_nats::config::NatsConfig>),
 }
 
-/// Embedded-server parameters: this build has no embedded NATS server yet.
-fn check_external_nats(endpoint: &str, cfg: &kine_backend_nats::config::NatsConfig) -> Result<(), String> {
+/// Whether this binary has the embedded NATS server (cargo feature `embedded-nats`).
+pub const EMBEDDED_NATS: bool = cfg!(feature = "embedded-nats");
+
+/// Whether a `nats://` endpoint asks for the embedded server: always in a build that has it,
+/// unless `noEmbed` is given.
+pub fn wants_embedded(cfg: &kine_backend_nats::config::NatsConfig) -> bool {
+    EMBEDDED_NATS && !cfg.no_embed
+}
+
+/// Checks the combination of parameters for an embedded or an external server.
+fn check_nats(endpoint: &str, cfg: &kine_backend_nats::config::NatsConfig) -> Result<(), String> {
     let embedded_only = [
         ("dontListen", cfg.dont_listen),
         ("serverConfig", cfg.server_config.is_some()),
         ("stdoutLogging", cfg.stdout_logging),
         ("dataDir", cfg.data_dir.is_some()),
     ];
-    if let Some((name, _)) = embedded_only.iter().find(|(_, set)| *set) {
-        return Err(format!(
-            "--endpoint {endpoint:?}: parameter {name} configures an embedded NATS server, which this build of kine-rs does not include"
-        ));
+    let embedded_param = embedded_only.iter().find(|(_, set)| *set).map(|(name, _)| *name);
+    if wants_embedded(cfg) {
+        if cfg.servers.len() > 1 {
+            return Err(format!(
+                "--endpoint {endpoint:?}: the embedded NATS server binds one address; list several servers only with noEmbed (external servers)"
+            ));
+        }
+        if cfg.context_file.is_some() {
+            return Err(format!(
+                "--endpoint {endpoint:?}: contextFile names external NATS servers; add noEmbed to use them instead of the embedded server"
+            ));
+        }
+        return Ok(());
+    }
+    if let Some(name) = embedded_param {
+        return Err(if EMBEDDED_NATS {
+            format!("--endpoint {endpoint:?}: parameter {name} configures the embedded NATS server, but noEmbed is set")
+        } else {
+            format!(
+                "--endpoint {endpoint:?}: parameter {name} configures an embedded NATS server, and this kine-rs binary was built without one (cargo feature embedded-nats)"
+            )
+        });
     }
     if cfg.servers.is_empty() && cfg.context_file.is_none() {
-        return Err(format!(
-            "--endpoint {endpoint:?}: this build of kine-rs has no embedded NATS server; name an external one, e.g. nats://127.0.0.1:4222"
-        ));
+        return Err(if EMBEDDED_NATS {
+            format!(
+                "--endpoint {endpoint:?}: noEmbed needs the external server's address, e.g. nats://127.0.0.1:4222?noEmbed"
+            )
+        } else {
+            format!(
+                "--endpoint {endpoint:?}: this kine-rs binary was built without the embedded NATS server (cargo feature embedded-nats); name an external server, e.g. nats://127.0.0.1:4222"
+            )
+        });
     }
     Ok(())
 }
@@ -86,7 +119,7 @@ pub fn parse(endpoint: &str) -> Result<Endpoint, String> {
         }
         "nats" => {
             let cfg = kine_backend_nats::config::parse(endpoint, crate::duration::parse)?;
-            check_external_nats(endpoint, &cfg)?;
+            check_nats(endpoint, &cfg)?;
             Ok(Endpoint::Nats(Box::new(cfg)))
         }
         "postgres" | "postgresql" | "mysql" | "jetstream" => Err(format!(
@@ -123,10 +156,37 @@ mod tests {
         assert!(parse("sqlite://").unwrap_err().contains("needs a file path"));
         assert!(parse("sqlite://x.db?_journal=DELETE").unwrap_err().contains("_journal=DELETE"));
         assert!(parse("sqlite://x.db?bogus=1").unwrap_err().contains("unknown sqlite parameter \"bogus\""));
-        assert!(parse("nats://").unwrap_err().contains("no embedded NATS server"));
-        assert!(parse("nats://h:4222?dataDir=/x").unwrap_err().contains("parameter dataDir"));
+        assert!(parse("nats://h:4222?noEmbed&dataDir=/x").unwrap_err().contains("parameter dataDir"));
+        assert!(parse("nats://?noEmbed").unwrap_err().contains("e.g. nats://127.0.0.1:4222"));
         assert!(parse("nats://h:4222?replicas=9").unwrap_err().contains("replicas=9"));
         assert!(matches!(parse("nats://h:4222?noEmbed&bucket=b"), Ok(Endpoint::Nats(_))));
         assert!(parse("memory://x").unwrap_err().contains("takes no path"));
+    }
+
+    #[cfg(feature = "embedded-nats")]
+    #[test]
+    fn embedded_nats_endpoints() {
+        let nats = |s: &str| match parse(s) {
+            Ok(Endpoint::Nats(cfg)) => *cfg,
+            other => panic!("{s}: {other:?}"),
+        };
+        assert!(wants_embedded(&nats("nats://")));
+        assert!(wants_embedded(&nats("nats://0.0.0.0:4222?dataDir=/var/lib/kine&stdoutLogging")));
+        assert!(wants_embedded(&nats("nats://?dontListen")));
+        assert!(!wants_embedded(&nats("nats://h:4222?noEmbed")));
+        assert!(parse("nats://h1,nats://h2").unwrap_err().contains("binds one address"));
+        assert!(parse("nats://?contextFile=/x").unwrap_err().contains("add noEmbed"));
+        assert!(parse("nats://h?noEmbed&serverConfig=/x").unwrap_err().contains("but noEmbed is set"));
+    }
+
+    #[cfg(not(feature = "embedded-nats"))]
+    #[test]
+    fn without_embedded_nats_a_host_means_an_external_server() {
+        assert!(parse("nats://").unwrap_err().contains("built without the embedded NATS server"));
+        assert!(parse("nats://h?dataDir=/x").unwrap_err().contains("built without one"));
+        match parse("nats://h:4222") {
+            Ok(Endpoint::Nats(cfg)) => assert!(!wants_embedded(&cfg)),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -3,6 +3,8 @@
 mod app;
 mod cli;
 mod duration;
+#[cfg(feature = "embedded-nats")]
+mod embedded;
 mod endpoint;
 mod listen;
 
@@ -58,6 +60,7 @@ async fn signals(trigger: kine_core::shutdown::ShutdownTrigger) {
             return;
         }
     };
+    add_sa_onstack(&[libc::SIGINT, libc::SIGTERM]);
     let name = tokio::select! {
         _ = int.recv() => "SIGINT",
         _ = term.recv() => "SIGTERM",
@@ -70,4 +73,27 @@ async fn signals(trigger: kine_core::shutdown::ShutdownTrigger) {
     };
     tracing::warn!("received a second {name}; exiting without a clean shutdown");
     std::process::exit(1);
+}
+
+/// The Go runtime of the embedded nats-server requires every signal handler installed by
+/// non-Go code to run on the alternate signal stack (`SA_ONSTACK`); tokio's handlers do not
+/// ask for it. Re-installs each handler with the flag added.
+#[allow(unsafe_code)]
+fn add_sa_onstack(signals: &[libc::c_int]) {
+    for &signal in signals {
+        // SAFETY: reads the current disposition into a zeroed sigaction and writes it back with
+        // one flag added; the handler and mask are unchanged.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut action) != 0 {
+                continue;
+            }
+            if action.sa_flags & libc::SA_ONSTACK == 0 {
+                action.sa_flags |= libc::SA_ONSTACK;
+                if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
+                    tracing::warn!(signal, "cannot set SA_ONSTACK on a signal handler");
+                }
+            }
+        }
+    }
 }

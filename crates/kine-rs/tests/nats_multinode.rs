@@ -30,7 +30,7 @@ async fn three_kine_nodes_on_a_three_node_nats_cluster() {
     let mut cluster = NatsCluster::start();
     let mut nodes = Vec::new();
     for i in 0..3 {
-        let endpoint = format!("{}?bucket=multi&replicas=3", cluster.urls(i));
+        let endpoint = format!("{}?noEmbed&bucket=multi&replicas=3", cluster.urls(i));
         nodes.push(Server::start(&["--endpoint", &endpoint]));
     }
     let mut clients = Vec::new();
@@ -145,7 +145,7 @@ async fn three_kine_nodes_on_a_three_node_nats_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_and_compaction_are_shared_between_nodes() {
     let nats = kine_testkit::nats::NatsServer::start();
-    let endpoint = format!("{}?bucket=shared", nats.url());
+    let endpoint = format!("{}?noEmbed&bucket=shared", nats.url());
     let nodes: Vec<Server> = (0..3).map(|_| Server::start(&["--endpoint", &endpoint])).collect();
     let mut clients = Vec::new();
     for n in &nodes {

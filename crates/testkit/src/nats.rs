@@ -38,18 +38,33 @@ pub struct NatsServer {
     child: Child,
     pub port: u16,
     pub dir: TempDir,
+    config: Option<PathBuf>,
 }
 
 impl NatsServer {
     pub fn start() -> NatsServer {
         let dir = TempDir::new("nats");
         let port = free_port();
-        let child = Self::spawn(port, &dir);
-        NatsServer { child, port, dir }
+        let child = Self::spawn(port, &dir, None);
+        NatsServer { child, port, dir, config: None }
     }
 
-    fn spawn(port: u16, dir: &TempDir) -> Child {
-        let child = Command::new(nats_server_bin())
+    /// A server that also reads `config` (nats-server config syntax, e.g. a `leafnodes` block).
+    pub fn start_with_config(config: &str) -> NatsServer {
+        let dir = TempDir::new("nats");
+        let port = free_port();
+        let path = dir.path().join("server.conf");
+        std::fs::write(&path, config).expect("write nats-server config");
+        let child = Self::spawn(port, &dir, Some(&path));
+        NatsServer { child, port, dir, config: Some(path) }
+    }
+
+    fn spawn(port: u16, dir: &TempDir, config: Option<&PathBuf>) -> Child {
+        let mut cmd = Command::new(nats_server_bin());
+        if let Some(config) = config {
+            cmd.arg("-c").arg(config);
+        }
+        let child = cmd
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -72,7 +87,7 @@ impl NatsServer {
 
     /// Starts the server again on the same port and store directory.
     pub fn restart(&mut self) {
-        self.child = Self::spawn(self.port, &self.dir);
+        self.child = Self::spawn(self.port, &self.dir, self.config.as_ref());
     }
 
     pub fn url(&self) -> String {

@@ -1,0 +1,179 @@
+//! The embedded NATS server (cargo feature `embedded-nats`): turning a `nats://` endpoint into
+//! a running in-process nats-server and the address and credentials kine-rs connects with.
+//!
+//! Defaults (documented in docs/nats.md): the client port listens on 127.0.0.1 on a random
+//! port and always requires credentials — the URL's, the config file's, or a random token
+//! that only this process knows. JetStream is stored in `./db/nats`.
+
+use anyhow::{Result, anyhow, bail};
+use kine_backend_nats::config::{Credentials, NatsConfig};
+use kine_core::shutdown::Shutdown;
+use kine_nats_embed::{EmbeddedServer, Options, Readiness};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where JetStream keeps its files unless `dataDir` or the config file say otherwise: next to
+/// the default SQLite database.
+pub const DEFAULT_DATA_DIR: &str = "./db/nats";
+
+/// A running embedded server; shut it down after the backend is closed.
+pub struct Embedded {
+    server: Arc<EmbeddedServer>,
+}
+
+impl Embedded {
+    pub async fn shutdown(self) {
+        let server = self.server.clone();
+        let _ = tokio::task::spawn_blocking(move || server.shutdown()).await;
+        tracing::info!("embedded NATS server stopped");
+    }
+}
+
+/// `host[:port]`, `[v6]:port` or `:port` → (host, port).
+fn split_host_port(hostport: &str) -> Result<(Option<String>, Option<u16>)> {
+    let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
+        let (h, after) = rest.split_once(']').ok_or_else(|| anyhow!("--endpoint: bad IPv6 address {hostport:?}"))?;
+        (h, after.strip_prefix(':'))
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().map_err(|_| anyhow!("--endpoint: invalid port in {hostport:?}"))?),
+        None => None,
+    };
+    Ok(((!host.is_empty()).then(|| host.to_string()), port))
+}
+
+/// A random token for the embedded server's client port (128 bits from the OS).
+fn random_token() -> Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| anyhow!("cannot read /dev/urandom for the embedded server's token: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn absolute(path: PathBuf) -> PathBuf {
+    if path.is_absolute() { path } else { std::env::current_dir().map(|d| d.join(&path)).unwrap_or(path) }
+}
+
+/// Starts the server the endpoint asks for and waits until it is ready (a clustered JetStream
+/// waits for its quorum; `stop` ends the wait). Returns the config kine-rs connects with.
+pub async fn start(cfg: NatsConfig, stop: &Shutdown) -> Result<(Embedded, NatsConfig)> {
+    let (host, port) = match cfg.servers.first() {
+        Some(hp) => split_host_port(hp)?,
+        None => (None, None),
+    };
+    let credentials = match &cfg.credentials {
+        Credentials::UserPassword(u, p) => kine_nats_embed::Credentials::UserPassword(u.clone(), p.clone()),
+        Credentials::Token(t) => kine_nats_embed::Credentials::Token(t.clone()),
+        Credentials::None => kine_nats_embed::Credentials::Token(random_token()?),
+    };
+    if let Some(file) = &cfg.server_config
+        && !file.is_file()
+    {
+        bail!("--endpoint: serverConfig {}: no such file", file.display());
+    }
+    let options = Options {
+        host,
+        port,
+        loopback_only: cfg.dont_listen,
+        config_file: cfg.server_config.clone().map(absolute),
+        store_dir: cfg.data_dir.clone().map(absolute),
+        default_store_dir: absolute(PathBuf::from(DEFAULT_DATA_DIR)),
+        credentials: credentials.clone(),
+        stdout_logging: cfg.stdout_logging,
+    };
+    let started = Instant::now();
+    let server = tokio::task::spawn_blocking(move || kine_nats_embed::start(&options))
+        .await?
+        .map_err(|e| anyhow!("--endpoint: cannot start the embedded NATS server: {e}"))?;
+    let server = Arc::new(server);
+    let embedded = Embedded { server: server.clone() };
+    let mut last_report = Instant::now();
+    loop {
+        let s = server.clone();
+        let wait = tokio::task::spawn_blocking(move || s.wait_ready(Duration::from_millis(500)));
+        let mut stop = stop.clone();
+        let readiness = tokio::select! {
+            r = wait => r?,
+            _ = stop.wait() => {
+                embedded.shutdown().await;
+                bail!("stopped while waiting for the embedded NATS server");
+            }
+        };
+        match readiness {
+            Readiness::Ready => break,
+            Readiness::Failed(reason) => {
+                embedded.shutdown().await;
+                bail!("--endpoint: the embedded NATS server failed to start: {reason}");
+            }
+            Readiness::Waiting(reason) => {
+                if last_report.elapsed() >= Duration::from_secs(10) {
+                    tracing::warn!(
+                        waited_s = started.elapsed().as_secs(),
+                        "embedded NATS server not ready yet (a clustered JetStream waits for a quorum of its peers): {reason}"
+                    );
+                    last_report = Instant::now();
+                }
+            }
+        }
+    }
+    let info = server.info().map_err(|e| anyhow!(e))?;
+    let auth = if !info.uses_given_credentials() {
+        "from serverConfig"
+    } else if matches!(cfg.credentials, Credentials::None) {
+        "per-process token"
+    } else {
+        "from the URL"
+    };
+    tracing::info!(
+        version = kine_nats_embed::NATS_SERVER_VERSION,
+        name = %info.server_name,
+        clients = %format!("{}:{}", info.listen_host, info.listen_port),
+        auth,
+        cluster = %info.cluster_addr,
+        leafnode_listen = %info.leafnode_addr,
+        leafnode_remotes = info.leafnode_remotes,
+        store = %info.store_dir,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "embedded NATS server ready"
+    );
+    let mut client = cfg;
+    client.servers = vec![info.client_url.trim_start_matches("nats://").to_string()];
+    if info.uses_given_credentials() {
+        client.credentials = match credentials {
+            kine_nats_embed::Credentials::UserPassword(u, p) => Credentials::UserPassword(u, p),
+            kine_nats_embed::Credentials::Token(t) => Credentials::Token(t),
+        };
+    }
+    Ok((embedded, client))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_and_port() {
+        let hp = |s: &str| split_host_port(s).unwrap();
+        assert_eq!(hp("0.0.0.0:4222"), (Some("0.0.0.0".into()), Some(4222)));
+        assert_eq!(hp("127.0.0.1"), (Some("127.0.0.1".into()), None));
+        assert_eq!(hp(":4333"), (None, Some(4333)));
+        assert_eq!(hp("[::1]:4222"), (Some("::1".into()), Some(4222)));
+        assert_eq!(hp("[::]"), (Some("::".into()), None));
+        assert!(split_host_port("h:x").is_err());
+    }
+
+    #[test]
+    fn tokens_are_random_and_long() {
+        let (a, b) = (random_token().unwrap(), random_token().unwrap());
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, b);
+    }
+}

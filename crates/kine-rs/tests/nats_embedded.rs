@@ -1,0 +1,455 @@
+//! The embedded nats-server (cargo feature `embedded-nats`), end to end through the real
+//! kine-rs binary: bare `nats://`, `dontListen`, `noEmbed`, signals, a 3-node cluster built
+//! from `serverConfig` routes, and a leaf node connected to a hub.
+#![cfg(feature = "embedded-nats")]
+
+mod common;
+
+use common::{Server, TempDir};
+use etcd_client::GetOptions;
+use kine_testkit::nats::{NatsServer, free_port};
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The value of `key=` in the log line that contains `marker`.
+fn log_field(log: &str, marker: &str, key: &str) -> String {
+    let line = log.lines().find(|l| l.contains(marker)).unwrap_or_else(|| panic!("no {marker:?} in log:\n{log}"));
+    let start = line.find(&format!(" {key}=")).unwrap_or_else(|| panic!("no {key}= in {line:?}")) + key.len() + 2;
+    line[start..].split_whitespace().next().unwrap().trim_matches('"').to_string()
+}
+
+/// The embedded server's client address from the readiness line.
+fn nats_addr(server: &Server) -> String {
+    log_field(&server.log(), "embedded NATS server ready", "clients")
+}
+
+/// Connects to a NATS port without credentials and returns the server's first answer to
+/// CONNECT+PING (`PONG`, or `-ERR ...`).
+fn anonymous_connect(addr: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    assert!(info.starts_with("INFO "), "{info}");
+    stream.write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\nPING\r\n").unwrap();
+    let mut answer = String::new();
+    reader.read_line(&mut answer).unwrap();
+    answer.trim().to_string()
+}
+
+/// Local addresses of the TCP sockets process `pid` listens on (from /proc).
+fn listening_addresses(pid: u32) -> Vec<String> {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+        .collect();
+    let mut out = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "0A" && inodes.contains(cols[9]) {
+                out.push(decode_proc_addr(cols[1]));
+            }
+        }
+    }
+    out
+}
+
+/// `0100007F:1F90` → `127.0.0.1:8080`; IPv6 as its hex words.
+fn decode_proc_addr(hex: &str) -> String {
+    let (ip, port) = hex.split_once(':').unwrap();
+    let port = u16::from_str_radix(port, 16).unwrap();
+    if ip.len() == 8 {
+        let n = u32::from_str_radix(ip, 16).unwrap().to_le_bytes();
+        format!("{}.{}.{}.{}:{port}", n[0], n[1], n[2], n[3])
+    } else {
+        let mut bytes = [0u8; 16];
+        for (i, chunk) in ip.as_bytes().chunks(8).enumerate() {
+            let word = u32::from_str_radix(std::str::from_utf8(chunk).unwrap(), 16).unwrap().to_le_bytes();
+            bytes[i * 4..i * 4 + 4].copy_from_slice(&word);
+        }
+        format!("[{}]:{port}", std::net::Ipv6Addr::from(bytes))
+    }
+}
+
+fn is_loopback(addr: &str) -> bool {
+    addr.starts_with("127.") || addr.starts_with("[::1]") || addr.starts_with("[::ffff:127.")
+}
+
+#[tokio::test]
+async fn bare_nats_url_runs_an_embedded_server() {
+    let dir = TempDir::new("embedded");
+    // Bare `nats://`: defaults everywhere, JetStream under ./db/nats of the working directory.
+    let mut server = Server::start_in(Some(dir.path()), &["--endpoint", "nats://"]);
+    let log = server.log();
+    assert!(log.contains("auth=\"per-process token\""), "{log}");
+    let addr = nats_addr(&server);
+    assert!(addr.starts_with("127.0.0.1:"), "default listen address must be loopback: {addr}");
+    assert!(dir.path().join("db/nats/jetstream").is_dir(), "JetStream store not under ./db/nats");
+    // The client port requires the per-process token.
+    assert!(anonymous_connect(&addr).contains("Authorization Violation"));
+
+    let mut client = server.client().await;
+    assert_eq!(client.get("a", None).await.unwrap().header().unwrap().revision(), 1);
+    let mut events = client.watch("a", None).await.unwrap();
+    // The watch exists once its "created" response arrives.
+    assert!(events.message().await.unwrap().unwrap().created());
+    let put = client.put("a", "1", None).await.unwrap();
+    assert_eq!(put.header().unwrap().revision(), 2);
+    let got = client.get("a", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"1");
+    let ev = loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), events.message()).await.unwrap().unwrap().unwrap();
+        if !msg.events().is_empty() {
+            break msg;
+        }
+    };
+    assert_eq!(ev.events()[0].kv().unwrap().mod_revision(), 2);
+    drop(client);
+
+    let status = server.stop("SIGTERM").await;
+    assert!(status.success(), "{status:?}\n{}", server.log());
+    let log = server.log();
+    assert!(log.contains("embedded NATS server stopped"), "{log}");
+    assert!(!log.contains("connection lost"), "shutdown must not look like an outage:\n{log}");
+
+    // The data survives a restart.
+    let server = Server::start_in(Some(dir.path()), &["--endpoint", "nats://"]);
+    let mut client = server.client().await;
+    let got = client.get("a", None).await.unwrap();
+    assert_eq!((got.header().unwrap().revision(), got.kvs()[0].value()), (2, &b"1"[..]));
+}
+
+#[tokio::test]
+async fn dont_listen_exposes_nothing_beyond_loopback() {
+    let dir = TempDir::new("dontlisten");
+    let data = dir.path().join("nats");
+    // Even with a wildcard address in the URL, dontListen keeps the port on loopback.
+    let endpoint = format!("nats://0.0.0.0:{}?dontListen&dataDir={}", free_port(), data.display());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    let addr = nats_addr(&server);
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    let listening = listening_addresses(server.child.id());
+    assert!(listening.len() >= 2, "expected the etcd and NATS listeners: {listening:?}");
+    assert!(listening.iter().all(|a| is_loopback(a)), "a listener beyond loopback: {listening:?}");
+    assert!(anonymous_connect(&addr).contains("Authorization Violation"));
+    let mut client = server.client().await;
+    client.put("k", "v", None).await.unwrap();
+    assert_eq!(client.get("k", None).await.unwrap().kvs()[0].value(), b"v");
+}
+
+#[tokio::test]
+async fn url_credentials_protect_the_embedded_port() {
+    let dir = TempDir::new("creds");
+    let port = free_port();
+    let endpoint = format!("nats://kine:s3cret@127.0.0.1:{port}?dataDir={}", dir.path().display());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    assert_eq!(nats_addr(&server), format!("127.0.0.1:{port}"));
+    assert!(server.log().contains("auth=\"from the URL\""));
+    assert!(anonymous_connect(&format!("127.0.0.1:{port}")).contains("Authorization Violation"));
+    // Another process can use the port with the URL's credentials (e.g. the nats CLI).
+    let external = format!("nats://kine:s3cret@127.0.0.1:{port}?noEmbed&bucket=kine");
+    let other = Server::start(&["--endpoint", &external]);
+    assert!(!other.log().contains("embedded NATS server"));
+    let mut a = server.client().await;
+    let mut b = other.client().await;
+    a.put("shared", "1", None).await.unwrap();
+    assert_eq!(b.get("shared", None).await.unwrap().kvs()[0].value(), b"1");
+}
+
+#[tokio::test]
+async fn no_embed_uses_an_external_server() {
+    let nats = NatsServer::start();
+    let endpoint = format!("{}?noEmbed&bucket=ext", nats.url());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    assert!(!server.log().contains("embedded NATS server"), "{}", server.log());
+    let mut client = server.client().await;
+    client.put("x", "y", None).await.unwrap();
+    // The data is in the external server's store.
+    drop(server);
+    let again = Server::start(&["--endpoint", &endpoint]);
+    assert_eq!(again.client().await.get("x", None).await.unwrap().kvs()[0].value(), b"y");
+}
+
+#[tokio::test]
+async fn startup_errors_name_the_problem() {
+    let dir = TempDir::new("errors");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let cases = [
+        (format!("nats://127.0.0.1:{port}?dataDir={}", dir.path().display()), "embedded NATS server failed to start"),
+        ("nats://?serverConfig=/nonexistent/nats.conf".to_string(), "serverConfig /nonexistent/nats.conf"),
+        ("nats://h1:4222,nats://h2:4222".to_string(), "binds one address"),
+    ];
+    let bad_config = dir.path().join("bad.conf");
+    std::fs::write(&bad_config, "jetstream { max_mem: banana }\n").unwrap();
+    let bad = format!("nats://?serverConfig={}", bad_config.display());
+    for (endpoint, expected) in cases.iter().map(|(e, m)| (e.as_str(), *m)).chain([(bad.as_str(), "serverConfig")]) {
+        let out = std::process::Command::new(common::BIN)
+            .args(["--listen-address", "127.0.0.1:0", "--endpoint", endpoint])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{endpoint}: should fail");
+        assert!(stderr.contains(expected), "{endpoint}: expected {expected:?} in:\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn stdout_logging_prints_the_server_log() {
+    let dir = TempDir::new("stdout");
+    let endpoint = format!("nats://?stdoutLogging&dataDir={}", dir.path().display());
+    let mut child = std::process::Command::new(common::BIN)
+        .args(["--listen-address", "127.0.0.1:0", "--endpoint", &endpoint])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = String::new();
+    while !seen.contains("Server is ready") {
+        assert!(Instant::now() < deadline, "no server log on stdout:\n{seen}");
+        let mut line = String::new();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&line);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen.contains("Starting nats-server"), "{seen}");
+    assert!(seen.contains("Listening for client connections on 127.0.0.1:"), "{seen}");
+}
+
+/// SIGINT/SIGTERM under load: the Go runtime shares the process, so handlers need SA_ONSTACK
+/// and nats-server must leave signals alone (with its own handler a second shutdown panics).
+#[tokio::test]
+async fn signals_under_load_shut_down_cleanly() {
+    for (signals, expect_success) in [(vec!["SIGTERM"], true), (vec!["SIGINT", "SIGINT", "SIGINT"], false)] {
+        let dir = TempDir::new("signals");
+        let endpoint = format!("nats://?dataDir={}", dir.path().display());
+        let mut server = Server::start(&["--endpoint", &endpoint]);
+        let client = server.client().await;
+        let load = tokio::spawn(async move {
+            let mut kv = client.kv_client();
+            for i in 0.. {
+                if kv.put(format!("load/{}", i % 50), "x", None).await.is_err() {
+                    break;
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for s in &signals[..signals.len() - 1] {
+            server.signal(s);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let status = server.stop(signals.last().unwrap()).await;
+        load.abort();
+        let log = server.log();
+        assert!(status.code().is_some(), "killed by a signal: {status:?}\n{log}");
+        assert_eq!(status.success(), expect_success, "{signals:?}: {status:?}\n{log}");
+        assert!(!log.contains("panic"), "{log}");
+        assert!(!log.contains("fatal error"), "{log}");
+    }
+}
+
+/// A nats-server config for node `i` of a 3-node cluster with routes on loopback.
+fn cluster_config(i: usize, cluster_ports: &[u16], store: &Path) -> String {
+    let routes: Vec<String> = cluster_ports.iter().map(|p| format!("\"nats-route://127.0.0.1:{p}\"")).collect();
+    format!(
+        "server_name: kine-{i}\njetstream {{ store_dir: \"{}\" }}\ncluster {{\n  name: kine\n  listen: 127.0.0.1:{}\n  routes: [{}]\n}}\n",
+        store.display(),
+        cluster_ports[i],
+        routes.join(", ")
+    )
+}
+
+fn start_nodes(endpoints: &[String]) -> Vec<Server> {
+    let handles: Vec<_> =
+        endpoints.iter().cloned().map(|e| std::thread::spawn(move || Server::start(&["--endpoint", &e]))).collect();
+    handles.into_iter().map(|h| h.join().expect("start a node")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_embedded_servers_cluster_by_server_config() {
+    let dir = TempDir::new("embedded-cluster");
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let endpoints: Vec<String> = (0..3)
+        .map(|i| {
+            let conf = dir.path().join(format!("node{i}.conf"));
+            std::fs::write(&conf, cluster_config(i, &ports, &dir.path().join(format!("store{i}")))).unwrap();
+            format!("nats://?serverConfig={}&replicas=3&bucket=ha", conf.display())
+        })
+        .collect();
+    let mut nodes = start_nodes(&endpoints);
+    for n in &nodes {
+        assert!(n.log().contains("cluster=127.0.0.1:"), "{}", n.log());
+    }
+    // A write on any node is visible on every node, at once.
+    let mut clients = Vec::new();
+    for n in &nodes {
+        clients.push(n.client().await);
+    }
+    for i in 0..3 {
+        let rev = clients[i].put(format!("from/{i}"), format!("{i}"), None).await.unwrap().header().unwrap().revision();
+        for c in clients.iter_mut() {
+            let got = c.get(format!("from/{i}"), None).await.unwrap();
+            assert_eq!(got.kvs()[0].mod_revision(), rev);
+        }
+    }
+
+    // Load on nodes 0 and 1; kill node 2 in the middle of it.
+    let mut writers = Vec::new();
+    for (w, client) in clients.iter().take(2).enumerate() {
+        let mut kv = client.kv_client();
+        writers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(8);
+            let mut i = 0;
+            while Instant::now() < deadline {
+                let key = format!("load/{w}/{i}");
+                if let Ok(r) = kv.put(key.clone(), "v", None).await {
+                    acked.push((key, r.header().unwrap().revision()));
+                }
+                i += 1;
+            }
+            acked
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = nodes[2].child.kill();
+    let _ = nodes[2].child.wait();
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.extend(w.await.unwrap());
+    }
+    assert!(acked.len() > 20, "too few writes acknowledged: {}", acked.len());
+    // The survivors kept serving: writes acknowledged after the kill, and nothing lost.
+    for c in clients.iter_mut().take(2) {
+        for (key, rev) in &acked {
+            let got = c.get(key.as_str(), None).await.unwrap();
+            assert_eq!(got.kvs().first().map(|kv| kv.mod_revision()), Some(*rev), "{key} lost");
+        }
+    }
+    // Node 2 comes back and catches up.
+    nodes[2] = start_nodes(&endpoints[2..3]).pop().unwrap();
+    let mut back = nodes[2].client().await;
+    let all = back.get("load/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let have: HashSet<(String, i64)> =
+        all.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.mod_revision())).collect();
+    for a in &acked {
+        assert!(have.contains(a), "{a:?} missing on the restarted node");
+    }
+    let rev = back.put("after", "restart", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(clients[0].get("after", None).await.unwrap().kvs()[0].mod_revision(), rev);
+}
+
+/// A minimal NATS client over raw TCP (the tests need request/reply only).
+struct RawNats {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+    inbox: u32,
+}
+
+impl RawNats {
+    fn connect(port: u16) -> RawNats {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut info = String::new();
+        reader.read_line(&mut info).unwrap();
+        let mut raw = RawNats { stream, reader, inbox: 0 };
+        raw.stream.write_all(b"CONNECT {\"verbose\":false,\"headers\":false}\r\n").unwrap();
+        raw
+    }
+
+    /// Sends `payload` to `subject` and returns the first reply's payload.
+    fn request(&mut self, subject: &str, payload: &str) -> String {
+        self.inbox += 1;
+        let inbox = format!("_INBOX.test.{}", self.inbox);
+        let sid = self.inbox;
+        let cmd = format!("SUB {inbox} {sid}\r\nPUB {subject} {inbox} {}\r\n{payload}\r\n", payload.len());
+        self.stream.write_all(cmd.as_bytes()).unwrap();
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line).unwrap_or_else(|e| panic!("no reply to {subject}: {e}"));
+            if line.starts_with("PING") {
+                self.stream.write_all(b"PONG\r\n").unwrap();
+            } else if line.starts_with("MSG ") && line.contains(&inbox) {
+                let len: usize = line.split_whitespace().last().unwrap().parse().unwrap();
+                let mut body = vec![0u8; len + 2];
+                self.reader.read_exact(&mut body).unwrap();
+                self.stream.write_all(format!("UNSUB {sid}\r\n").as_bytes()).unwrap();
+                return String::from_utf8_lossy(&body[..len]).into_owned();
+            } else if line.starts_with("-ERR") {
+                panic!("{subject}: {line}");
+            }
+        }
+    }
+}
+
+/// `"key":N` from a JSON text (the last occurrence).
+fn json_number(json: &str, key: &str) -> Option<i64> {
+    let at = json.rfind(&format!("\"{key}\":"))? + key.len() + 3;
+    json[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+#[tokio::test]
+async fn leaf_node_connects_the_embedded_server_to_a_hub() {
+    let leaf_port = free_port();
+    // The hub: a nats-server with its own JetStream, accepting leaf nodes.
+    let hub = NatsServer::start_with_config(&format!("leafnodes {{ listen: 127.0.0.1:{leaf_port} }}\n"));
+    let dir = TempDir::new("leaf");
+    let conf = dir.path().join("leaf.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "server_name: kine-leaf\njetstream {{ domain: edge }}\nleafnodes {{ remotes: [ {{ url: \"nats-leaf://127.0.0.1:{leaf_port}\" }} ] }}\n"
+        ),
+    )
+    .unwrap();
+    let endpoint = format!("nats://?serverConfig={}&dataDir={}", conf.display(), dir.path().join("js").display());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    assert!(server.log().contains("leafnode_remotes=1"), "{}", server.log());
+    let mut client = server.client().await;
+    let mut revision = 0;
+    for i in 0..5 {
+        revision = client.put(format!("leaf/{i}"), "v", None).await.unwrap().header().unwrap().revision();
+    }
+
+    // From the hub, the leaf's JetStream is reachable as domain "edge": the bucket's stream
+    // holds kine-rs's writes...
+    let mut hub_client = RawNats::connect(hub.port);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let info = loop {
+        let info = hub_client.request("$JS.edge.API.STREAM.INFO.KV_kine", "");
+        if json_number(&info, "last_seq") == Some(revision) || Instant::now() > deadline {
+            break info;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(json_number(&info, "last_seq"), Some(revision), "{info}");
+    // ...and a mirror on the hub is a read-only copy that follows it.
+    let mirror =
+        r#"{"name":"KV_kine_copy","storage":"file","mirror":{"name":"KV_kine","external":{"api":"$JS.edge.API"}}}"#;
+    let created = hub_client.request("$JS.API.STREAM.CREATE.KV_kine_copy", mirror);
+    assert!(!created.contains("\"error\""), "{created}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = hub_client.request("$JS.API.STREAM.INFO.KV_kine_copy", "");
+        if json_number(&info, "last_seq") == Some(revision) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the mirror did not catch up to {revision}: {info}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,40 @@
+//! Builds the Go shim around nats-server (`go/`) into a static library with
+//! `go build -buildmode=c-archive`. The nats-server version is pinned in `go/go.mod`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const NO_GO: &str = "the `embedded-nats` feature links the real nats-server, written in Go, into kine-rs, and building it needs the Go toolchain (1.26 or newer; https://go.dev/dl/ or `apt-get install golang-go`). Install Go, or build kine-rs without the embedded server: cargo build --no-default-features";
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let go_dir = manifest.join("go");
+    for file in ["shim.go", "go.mod", "go.sum"] {
+        println!("cargo:rerun-if-changed={}", go_dir.join(file).display());
+    }
+    println!("cargo:rerun-if-env-changed=GO");
+    let go = std::env::var("GO").unwrap_or_else(|_| "go".into());
+    match Command::new(&go).arg("version").output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("`{go} version` failed ({}): {}\n{NO_GO}", o.status, String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => panic!("cannot run `{go}`: {e}\n{NO_GO}"),
+    }
+    let mut cmd = Command::new(&go);
+    cmd.current_dir(&go_dir)
+        .args(["build", "-buildmode=c-archive", "-trimpath", "-mod=readonly", "-tags", "netgo,osusergo"])
+        .args(["-ldflags=-s -w", "-o"])
+        .arg(out.join("libkinenats.a"))
+        .arg(".")
+        .env("CGO_ENABLED", "1");
+    if std::env::var_os("HOME").is_none() && std::env::var_os("GOCACHE").is_none() {
+        // Go needs a cache directory; without HOME it has no default.
+        cmd.env("GOCACHE", out.join("go-cache")).env("GOPATH", out.join("go-path"));
+    }
+    let status = cmd.status().unwrap_or_else(|e| panic!("cannot run `{go} build`: {e}\n{NO_GO}"));
+    if !status.success() {
+        panic!("`{go} build -buildmode=c-archive` of the embedded nats-server failed ({status}); see the output above");
+    }
+    println!("cargo:rustc-link-search=native={}", out.display());
+    println!("cargo:rustc-link-lib=static=kinenats");
+}

@@ -1,0 +1,315 @@
+// Package main is the C-callable shim around nats-server that kine-rs links in as a static
+// library (go build -buildmode=c-archive). One server per process; every function is safe to
+// call from any thread. Strings returned to Rust are C strings that Rust frees with
+// KineNatsFree.
+package main
+
+/*
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// startOptions is what Rust asks for (JSON). Empty or zero fields mean "not given".
+type startOptions struct {
+	Host            string `json:"host"`
+	Port            int    `json:"port"`
+	PortGiven       bool   `json:"port_given"`
+	ForceLoopback   bool   `json:"force_loopback"`
+	ConfigFile      string `json:"config_file"`
+	StoreDir        string `json:"store_dir"`
+	DefaultStoreDir string `json:"default_store_dir"`
+	User            string `json:"user"`
+	Password        string `json:"password"`
+	Token           string `json:"token"`
+	StdoutLogging   bool   `json:"stdout_logging"`
+}
+
+// serverInfo is what Rust learns once the server is ready (JSON).
+type serverInfo struct {
+	ClientURL   string `json:"client_url"`
+	ListenHost  string `json:"listen_host"`
+	ListenPort  int    `json:"listen_port"`
+	ServerName  string `json:"server_name"`
+	StoreDir    string `json:"store_dir"`
+	Cluster     string `json:"cluster"`
+	ClusterAddr string `json:"cluster_addr"`
+	LeafAddr    string `json:"leafnode_addr"`
+	Remotes     int    `json:"leafnode_remotes"`
+	AuthSource  string `json:"auth_source"`
+}
+
+var (
+	mu         sync.Mutex
+	srv        *server.Server
+	srvOpts    *server.Options
+	authSource string
+	logs       = make(chan string, 1024)
+	logsClosed bool
+	fatal      string
+	stopped    bool
+)
+
+// logger forwards warnings and errors to Rust (KineNatsNextLog); with stdoutLogging it
+// prints every line on stdout instead, as nats-server itself would.
+type logger struct{ stdout bool }
+
+func (l logger) line(level, format string, v []any) {
+	msg := fmt.Sprintf(format, v...)
+	if level == "F" {
+		mu.Lock()
+		fatal = msg
+		mu.Unlock()
+	}
+	if l.stdout {
+		fmt.Printf("%s [%s] %s\n", time.Now().Format("2006/01/02 15:04:05.000000"), map[string]string{"N": "INF", "W": "WRN", "E": "ERR", "F": "FTL", "D": "DBG"}[level], msg)
+		return
+	}
+	if level == "N" || level == "D" {
+		return
+	}
+	// Our readiness polling asks the health check; its failures are reported by kine-rs.
+	if strings.HasPrefix(msg, "Healthcheck failed") {
+		return
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if logsClosed {
+		return
+	}
+	select {
+	case logs <- level + msg:
+	default: // Rust is not keeping up: drop rather than block the server.
+	}
+}
+
+func (l logger) Noticef(format string, v ...any) { l.line("N", format, v) }
+func (l logger) Warnf(format string, v ...any)   { l.line("W", format, v) }
+func (l logger) Fatalf(format string, v ...any)  { l.line("F", format, v) }
+func (l logger) Errorf(format string, v ...any)  { l.line("E", format, v) }
+func (l logger) Debugf(format string, v ...any)  {}
+func (l logger) Tracef(format string, v ...any)  {}
+
+func cstr(s string) *C.char { return C.CString(s) }
+
+func hasAuth(o *server.Options) bool {
+	return o.Authorization != "" || o.Username != "" || len(o.Users) > 0 || len(o.Nkeys) > 0 ||
+		len(o.TrustedOperators) > 0 || len(o.TrustedKeys) > 0 || o.AuthCallout != nil || o.NoAuthUser != ""
+}
+
+func configure(req startOptions) (*server.Options, string, error) {
+	opts := &server.Options{}
+	if req.ConfigFile != "" {
+		o, err := server.ProcessConfigFile(req.ConfigFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("serverConfig %s: %w", req.ConfigFile, err)
+		}
+		opts = o
+	}
+	// kine-rs owns signals; nats-server must not install handlers (a second shutdown panics).
+	opts.NoSigs = true
+	opts.JetStream = true
+	if req.ForceLoopback {
+		opts.Host = "127.0.0.1"
+		opts.Port = server.RANDOM_PORT
+	} else {
+		if req.Host != "" {
+			opts.Host = req.Host
+		} else if opts.Host == "" {
+			opts.Host = "127.0.0.1"
+		}
+		if req.PortGiven {
+			opts.Port = req.Port
+		} else if opts.Port == 0 {
+			opts.Port = server.RANDOM_PORT
+		}
+	}
+	if req.StoreDir != "" {
+		opts.StoreDir = req.StoreDir
+	} else if opts.StoreDir == "" {
+		opts.StoreDir = req.DefaultStoreDir
+	}
+	source := "config"
+	if !hasAuth(opts) {
+		source = "url"
+		switch {
+		case req.User != "":
+			opts.Username, opts.Password = req.User, req.Password
+		case req.Token != "":
+			opts.Authorization = req.Token
+		default:
+			return nil, "", errors.New("no client credentials for the embedded server")
+		}
+	}
+	return opts, source, nil
+}
+
+//export KineNatsStart
+func KineNatsStart(request *C.char) *C.char {
+	var req startOptions
+	if err := json.Unmarshal([]byte(C.GoString(request)), &req); err != nil {
+		return cstr("bad start request: " + err.Error())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if srv != nil || stopped {
+		return cstr("an embedded NATS server was already started in this process")
+	}
+	opts, source, err := configure(req)
+	if err != nil {
+		return cstr(err.Error())
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return cstr(err.Error())
+	}
+	s.SetLogger(logger{stdout: req.StdoutLogging}, false, false)
+	srv, srvOpts, authSource = s, opts, source
+	go s.Start()
+	return nil
+}
+
+// KineNatsWaitReady waits up to timeoutMs for the server to accept clients with JetStream
+// healthy. It returns NULL when ready, "wait:<reason>" when not ready yet, or
+// "fail:<reason>" when the server cannot become ready (e.g. its port is taken).
+//
+//export KineNatsWaitReady
+func KineNatsWaitReady(timeoutMs C.int) *C.char {
+	mu.Lock()
+	s := srv
+	mu.Unlock()
+	if s == nil {
+		return cstr("fail:the embedded NATS server was not started")
+	}
+	deadline := time.Now().Add(time.Duration(timeoutMs) * time.Millisecond)
+	reason := "not accepting connections yet"
+	for {
+		mu.Lock()
+		f := fatal
+		mu.Unlock()
+		if f != "" {
+			return cstr("fail:" + f)
+		}
+		if s.ReadyForConnections(5 * time.Millisecond) {
+			rec := httptest.NewRecorder()
+			s.HandleHealthz(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+			if rec.Code == http.StatusOK {
+				return nil
+			}
+			var health struct {
+				Error string `json:"error"`
+			}
+			_ = json.Unmarshal(rec.Body.Bytes(), &health)
+			reason = health.Error
+			if reason == "" {
+				reason = rec.Body.String()
+			}
+		}
+		if time.Now().After(deadline) {
+			return cstr("wait:" + reason)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+//export KineNatsInfo
+func KineNatsInfo() *C.char {
+	mu.Lock()
+	s, o, source := srv, srvOpts, authSource
+	mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	opts := s.JetStreamConfig()
+	info := serverInfo{ServerName: s.Name(), AuthSource: source}
+	if opts != nil {
+		info.StoreDir = opts.StoreDir
+	}
+	if tcp, ok := s.Addr().(*net.TCPAddr); ok {
+		info.ListenPort = tcp.Port
+		info.ListenHost = tcp.IP.String()
+		host := info.ListenHost
+		if tcp.IP.IsUnspecified() {
+			if tcp.IP.To4() != nil {
+				host = "127.0.0.1"
+			} else {
+				host = "::1"
+			}
+		}
+		info.ClientURL = "nats://" + net.JoinHostPort(host, strconv.Itoa(tcp.Port))
+	}
+	if c := s.ClusterAddr(); c != nil {
+		info.ClusterAddr = c.String()
+		info.Cluster = s.ClusterName()
+	}
+	if o.LeafNode.Port != 0 {
+		info.LeafAddr = net.JoinHostPort(o.LeafNode.Host, strconv.Itoa(o.LeafNode.Port))
+	}
+	info.Remotes = len(o.LeafNode.Remotes)
+	out, _ := json.Marshal(info)
+	return cstr(string(out))
+}
+
+// KineNatsNextLog returns the next warning or error line ("W..." / "E..." / "F..."), NULL
+// after timeoutMs without one, or "" once the server is shut down and all lines are read.
+//
+//export KineNatsNextLog
+func KineNatsNextLog(timeoutMs C.int) *C.char {
+	select {
+	case line, ok := <-logs:
+		if !ok {
+			return cstr("")
+		}
+		return cstr(line)
+	case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
+		return nil
+	}
+}
+
+// KineNatsShutdown stops the server and waits for it; calling it again does nothing.
+//
+//export KineNatsShutdown
+func KineNatsShutdown() {
+	mu.Lock()
+	s := srv
+	srv = nil
+	stopped = true
+	mu.Unlock()
+	if s != nil {
+		s.Shutdown()
+		s.WaitForShutdown()
+	}
+	mu.Lock()
+	if !logsClosed {
+		logsClosed = true
+		close(logs)
+	}
+	mu.Unlock()
+}
+
+//export KineNatsFree
+func KineNatsFree(p *C.char) { C.free(unsafe.Pointer(p)) }
+
+func main() {}
