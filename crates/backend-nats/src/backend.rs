@@ -10,6 +10,7 @@
 //! the write is evaluated again. Reads first wait until the replica has applied the stream's
 //! last sequence as the stream leader reports it, so they are linearizable.
 
+use crate::batch::{Assembler, MessageSeqs, Ready};
 use crate::config::NatsConfig;
 use crate::connect::{self, ClientTls};
 use crate::message::{self, Decoded};
@@ -53,6 +54,8 @@ struct Inner {
     /// Compact revision and leases (`<bucket>-meta` KV bucket): not etcd writes, no revision.
     meta: jetstream::kv::Store,
     table: Mutex<MemTable>,
+    /// Message sequences of versions written by multi-key batches (locked after `table`).
+    message_seqs: Mutex<MessageSeqs>,
     /// The last stream sequence the replica applied.
     applied: watch::Sender<Revision>,
     feed: broadcast::Sender<Arc<RevisionEvents>>,
@@ -126,6 +129,7 @@ impl NatsBackend {
             stream,
             meta,
             table: Mutex::new(table),
+            message_seqs: Mutex::new(MessageSeqs::default()),
             applied: watch::channel(0).0,
             feed,
             write_lock: tokio::sync::Mutex::new(()),
@@ -321,6 +325,7 @@ async fn follow_meta(inner: Arc<Inner>, mut watch: jetstream::kv::Watch) {
 /// The replica: one ordered consumer over the whole bucket, applying messages in order.
 async fn replicate(inner: Arc<Inner>, first: u64) {
     let mut start = first;
+    let mut batches = Assembler::default();
     let filter = format!("$KV.{}.>", inner.bucket);
     loop {
         if inner.closed.load(Ordering::SeqCst) {
@@ -362,35 +367,55 @@ async fn replicate(inner: Arc<Inner>, first: u64) {
             let Ok(info) = msg.info() else { continue };
             let seq = info.stream_sequence as Revision;
             let decoded = message::decode(&inner.bucket, msg.subject.as_str(), msg.headers.as_ref(), &msg.payload, seq);
-            let events = {
-                let mut t = inner.table();
-                match decoded {
-                    Decoded::Change(event) => Some(t.apply_committed(seq, vec![event])),
-                    Decoded::Init => {
-                        t.advance(seq);
-                        None
-                    }
-                    Decoded::Foreign(what) => {
-                        tracing::warn!(sequence = seq, "ignoring a message kine-rs did not write: {what}");
-                        t.advance(seq);
-                        None
-                    }
+            let mut ready: Vec<Ready> = batches.passed(seq).into_iter().collect();
+            let mut marker = false;
+            match decoded {
+                Decoded::Change(event) => match message::batch_position(msg.headers.as_ref()) {
+                    Some(position) => ready.extend(batches.push(seq, event, position)),
+                    None => ready.push(Ready::single(seq, event)),
+                },
+                Decoded::Init => marker = true,
+                Decoded::Foreign(what) => {
+                    tracing::warn!(sequence = seq, "ignoring a message kine-rs did not write: {what}");
+                    marker = true;
                 }
-            };
-            // Applied first, published second (see the Backend invariants).
+            }
+            let pending = info.pending;
+            if pending == 0 {
+                // Nothing follows: members of an unfinished batch were purged.
+                ready.extend(batches.caught_up());
+            }
+            let mut published = Vec::with_capacity(ready.len());
+            {
+                let mut t = inner.table();
+                let mut seqs = inner.seqs();
+                for r in ready {
+                    let revision = r.revision;
+                    let events = r.into_events(&mut seqs);
+                    published.push(t.apply_committed(revision, events));
+                }
+                if marker {
+                    t.advance(seq);
+                }
+            }
+            // Applied first, published second (see the Backend invariants). A batch still
+            // being collected is not applied yet.
+            let applied = batches.applied_limit().map_or(seq, |limit| limit.min(seq));
             // Waking every waiter per message costs more than applying it during a bulk load:
             // while the consumer still has messages pending, advance silently and wake every
             // 4096 messages; once caught up, wake on each one.
-            let pending = info.pending;
             if pending == 0 || seq % 4096 == 0 {
-                inner.applied.send_replace(seq);
+                inner.applied.send_if_modified(|a| {
+                    *a = (*a).max(applied);
+                    true
+                });
             } else {
-                inner.applied.send_if_modified(|applied| {
-                    *applied = seq;
+                inner.applied.send_if_modified(|a| {
+                    *a = (*a).max(applied);
                     false
                 });
             }
-            if let Some(ev) = events {
+            for ev in published {
                 let _ = inner.feed.send(Arc::new(ev));
             }
             start = seq as u64 + 1;
@@ -434,6 +459,11 @@ impl Inner {
 
     fn table(&self) -> std::sync::MutexGuard<'_, MemTable> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lock order: `table` first, then this.
+    fn seqs(&self) -> std::sync::MutexGuard<'_, MessageSeqs> {
+        self.message_seqs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Fails at once when stopped or while the NATS connection is down (requests must not
@@ -483,6 +513,31 @@ impl Inner {
         Ok(msg.sequence as Revision)
     }
 
+    /// Evaluates a write on the replica: the outcome, the revision it was evaluated at, and
+    /// the expectations that make publishing it conditional on exactly that state (taken under
+    /// the same lock, never later).
+    fn evaluate(&self, op: &WriteOp) -> Result<(kine_core::txn::Applied, Revision, Expect, Vec<Revision>)> {
+        let mut t = self.table();
+        let base = t.revision();
+        let applied = t.evaluate(op)?;
+        let seqs = self.seqs();
+        let key_last: Vec<Revision> = applied
+            .events
+            .as_ref()
+            .map(|ev| {
+                ev.events.iter().map(|e| t.last_change(&e.kv.key).map_or(0, |rev| seqs.get(&e.kv.key, rev))).collect()
+            })
+            .unwrap_or_default();
+        let expect = match (op, &applied.response, &applied.events) {
+            (WriteOp::Txn(req), WriteResponse::Txn(resp), Some(ev)) => {
+                let written: HashSet<Vec<u8>> = ev.events.iter().map(|e| e.kv.key.clone()).collect();
+                if per_key(req, resp, &written) { Expect::PerKey } else { Expect::Stream(base) }
+            }
+            _ => Expect::Stream(base),
+        };
+        Ok((applied, base, expect, key_last))
+    }
+
     /// Publishes the messages of one write. `key_last[i]` is the last revision of event `i`'s
     /// key when the write was evaluated. `None`: an expectation failed.
     async fn publish(
@@ -505,6 +560,7 @@ impl Inner {
                 Expect::Stream(_) => {}
             }
             if let Some(id) = &batch_id {
+                message::mark_batch(&mut headers, i, events.len());
                 headers.insert("Nats-Batch-Id", id.as_str());
                 headers.insert("Nats-Batch-Sequence", (i + 1).to_string().as_str());
                 if i + 1 == events.len() {
@@ -566,43 +622,47 @@ fn per_key(req: &TxnRequest, resp: &TxnResponse, written: &HashSet<Vec<u8>>) -> 
 }
 
 impl NatsBackend {
+    /// Evaluates on the replica and publishes conditionally. The first attempt skips the read
+    /// barrier: the expectations reject a write evaluated on a stale replica, and only then is
+    /// the replica synchronised. An answer that writes nothing (a failed compare, an error)
+    /// carries no expectation, so it is only given from a synchronised replica.
     async fn conditional_write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
         let inner = &self.inner;
         let _guard = inner.write_lock.lock().await;
+        inner.check_open()?;
+        let mut synced = false;
         for _ in 0..MAX_WRITE_ATTEMPTS {
-            inner.barrier().await?;
-            let (applied, base, expect, key_last) = {
-                let mut t = inner.table();
-                let base = t.revision();
-                let applied = t.evaluate(&op)?;
-                // The expectations must describe the state the request was evaluated on, so
-                // they are taken here, under the same lock, never later.
-                let key_last: Vec<Revision> = applied
-                    .events
-                    .as_ref()
-                    .map(|ev| ev.events.iter().map(|e| t.last_change(&e.kv.key).unwrap_or(0)).collect())
-                    .unwrap_or_default();
-                let expect = match (&op, &applied.response, &applied.events) {
-                    (WriteOp::Txn(req), WriteResponse::Txn(resp), Some(ev)) => {
-                        let written: HashSet<Vec<u8>> = ev.events.iter().map(|e| e.kv.key.clone()).collect();
-                        if per_key(req, resp, &written) { Expect::PerKey } else { Expect::Stream(base) }
-                    }
-                    _ => Expect::Stream(base),
-                };
-                (applied, base, expect, key_last)
+            let evaluated = inner.evaluate(&op);
+            let (applied, base, expect, key_last) = match evaluated {
+                Ok(v) => v,
+                Err(_) if !synced => {
+                    inner.barrier().await?;
+                    synced = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
             };
             let Some(ev) = &applied.events else {
+                if !synced {
+                    inner.barrier().await?;
+                    synced = true;
+                    continue;
+                }
                 return Ok(Revisioned { revision: base, value: applied.response });
             };
             match inner.publish(&ev.events, expect, &key_last).await? {
                 Some(seq) => {
-                    // Committed. No need to wait for the replica here: every later read or
-                    // write on this node first waits for it to reach the stream's end.
+                    // Committed. Give the replica a moment to apply it, so that this node's
+                    // next write is evaluated on it (reads wait for it anyway); a slow replica
+                    // does not turn a committed write into an error.
+                    let _ = inner.wait_applied(seq, Duration::from_secs(1)).await;
                     return Ok(Revisioned { revision: seq, value: applied.response });
                 }
                 None => {
                     tracing::debug!("conditional write lost to another writer; evaluating again");
                     self.forget_compacted_keys(&ev.events).await?;
+                    inner.barrier().await?;
+                    synced = true;
                     continue;
                 }
             }
@@ -626,7 +686,9 @@ impl NatsBackend {
                     Err(_) => return Err(unavailable("read the last message of a key: timed out")),
                 };
             if !exists {
-                self.inner.table().forget_key(&event.kv.key);
+                let mut t = self.inner.table();
+                t.forget_key(&event.kv.key);
+                self.inner.seqs().forget_key(&event.kv.key);
             }
         }
         Ok(())
@@ -739,12 +801,14 @@ impl Backend for NatsBackend {
         for (key, newest, deleted) in plan {
             let subject = message::subject(&inner.bucket, &key);
             // Keep the newest version at or below the compact revision, unless it is a deletion.
-            let keep_from = if deleted { newest + 1 } else { newest };
+            let seq = inner.seqs().get(&key, newest);
+            let keep_from = if deleted { seq + 1 } else { seq };
             timed(
                 "purge superseded versions",
                 std::future::IntoFuture::into_future(inner.stream.purge().filter(subject).sequence(keep_from as u64)),
             )
             .await?;
+            inner.seqs().prune(&key, newest, deleted);
         }
         {
             // The meta watch may have applied it already.

@@ -63,7 +63,8 @@ pub async fn options(
         .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(Duration::from_secs(5)))
-        .reconnect_delay_callback(|attempts| Duration::from_millis((100 * attempts as u64).min(2000)))
+        // `attempts` is 1 on the first try: connect at once, then back off in 100 ms steps.
+        .reconnect_delay_callback(|attempts| Duration::from_millis((100 * attempts.saturating_sub(1) as u64).min(2000)))
         .event_callback(move |event| {
             let closing = closing.load(Ordering::SeqCst);
             async move {

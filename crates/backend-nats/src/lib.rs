@@ -2,6 +2,7 @@
 //! Knows NATS and `kine-core`, nothing of gRPC.
 
 mod backend;
+mod batch;
 pub mod codec;
 pub mod config;
 pub mod connect;

@@ -3,6 +3,8 @@
 //! Subject `$KV.<bucket>.<encoded key>`; the value is the raw payload; metadata travels in
 //! headers (no JSON, no base64): `Kine-Create`, `Kine-Version`, `Kine-Lease`. A deletion
 //! carries `KV-Operation: DEL` (as NATS KV tools expect) and an empty payload.
+//! A request that changes several keys is one atomic batch of consecutive messages, each
+//! marked `Kine-Batch: i/n`; all its changes take the revision of the batch's last message.
 //! The stream's first message, on [`INIT_TOKEN`], marks a bucket written by kine-rs; its
 //! sequence is revision 1, so the first etcd write gets revision 2, as in etcd.
 
@@ -17,6 +19,7 @@ const CREATE: &str = "Kine-Create";
 const VERSION: &str = "Kine-Version";
 const LEASE: &str = "Kine-Lease";
 const OPERATION: &str = "KV-Operation";
+const BATCH: &str = "Kine-Batch";
 
 pub fn subject(bucket: &str, key: &[u8]) -> String {
     format!("$KV.{bucket}.{}", codec::encode_key(key))
@@ -43,6 +46,19 @@ pub fn encode(event: &Event) -> (HeaderMap, Bytes) {
             (headers, Bytes::new())
         }
     }
+}
+
+/// Marks message `index` (from 0) of a batch of `count`.
+pub fn mark_batch(headers: &mut HeaderMap, index: usize, count: usize) {
+    headers.insert(BATCH, format!("{}/{count}", index + 1).as_str());
+}
+
+/// `(position from 1, count)` of a batch member.
+pub fn batch_position(headers: Option<&HeaderMap>) -> Option<(i64, i64)> {
+    let value = headers?.get(BATCH)?.as_str();
+    let (i, n) = value.split_once('/')?;
+    let (i, n) = (i.parse().ok()?, n.parse().ok()?);
+    (1 <= i && i <= n).then_some((i, n))
 }
 
 /// What one stream message means.
@@ -75,6 +91,9 @@ pub fn decode(bucket: &str, subject: &str, headers: Option<&HeaderMap>, payload:
     let (Some(create_revision), Some(version)) = (number(CREATE), number(VERSION)) else {
         return Decoded::Foreign(format!("message {seq} on {subject} has no kine-rs headers"));
     };
+    // A creation's create revision is its own revision, which the writer could not know (other
+    // nodes may have written in between).
+    let create_revision = if version == 1 { seq } else { create_revision };
     let kv = KeyValue {
         key,
         create_revision,
@@ -116,6 +135,25 @@ mod tests {
         let Decoded::Change(got) = decode("kine", &subject("kine", b"k"), Some(&h), &p, 10) else { panic!() };
         assert_eq!(got, del);
         assert!(matches!(decode("kine", &init_subject("kine"), None, b"", 1), Decoded::Init));
+        // A creation takes its create revision from its own sequence.
+        let (h, p) = encode(&Event {
+            kind: EventKind::Put,
+            kv: KeyValue {
+                key: b"n".to_vec(),
+                create_revision: 5,
+                mod_revision: 5,
+                version: 1,
+                value: vec![],
+                lease: 0,
+            },
+            prev_kv: None,
+        });
+        let Decoded::Change(got) = decode("kine", &subject("kine", b"n"), Some(&h), &p, 8) else { panic!() };
+        assert_eq!((got.kv.create_revision, got.kv.mod_revision), (8, 8));
+        let mut h = HeaderMap::new();
+        mark_batch(&mut h, 1, 3);
+        assert_eq!(batch_position(Some(&h)), Some((2, 3)));
+        assert_eq!(batch_position(None), None);
         assert!(matches!(decode("kine", "$KV.kine.x", None, b"{}", 4), Decoded::Foreign(_)));
     }
 }

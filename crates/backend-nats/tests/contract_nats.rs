@@ -31,7 +31,7 @@ async fn sqlite_semantics_hold_on_nats_in_random_sequences() {
 /// On NATS a request that changes several keys is one atomic batch of messages: all or
 /// nothing, one revision per changed key (documented in docs/nats.md and COMPAT.md).
 #[tokio::test]
-async fn multi_key_writes_are_atomic_with_one_revision_per_key() {
+async fn multi_key_writes_are_atomic_at_one_revision() {
     use kine_core::KeyRange;
     use kine_core::request::*;
     let server = NatsServer::start();
@@ -41,23 +41,65 @@ async fn multi_key_writes_are_atomic_with_one_revision_per_key() {
     for k in ["m/1", "m/2", "m/3"] {
         kine_testkit::contract::put(&s, k, "v").await; // 2, 3, 4
     }
+    // Three deletions: one batch of three messages (5, 6, 7), all at the batch's revision 7.
     let r = s
         .delete_range(DeleteRangeRequest { range: kine_testkit::contract::prefix("m/"), prev_kv: true })
         .await
         .unwrap();
     assert_eq!((r.revision, r.value.deleted), (7, 3));
     let mut revs = Vec::new();
-    for _ in 0..6 {
-        revs.push(feed.recv().await.unwrap().revision);
+    for _ in 0..4 {
+        let ev = feed.recv().await.unwrap();
+        assert!(ev.events.iter().all(|e| e.kv.mod_revision == ev.revision));
+        revs.push((ev.revision, ev.events.len()));
     }
-    assert_eq!(revs, vec![2, 3, 4, 5, 6, 7]);
-    assert_eq!(s.range(RangeRequest::new(kine_testkit::contract::prefix("m/"))).await.unwrap().value.count, 0);
-    // A lease revoke deleting two keys: one batch, two revisions.
+    assert_eq!(revs, vec![(2, 1), (3, 1), (4, 1), (7, 3)]);
+    let count_at = |rev| {
+        let s = &s;
+        async move {
+            let req = RangeRequest { revision: rev, ..RangeRequest::new(kine_testkit::contract::prefix("m/")) };
+            s.range(req).await.unwrap().value.count
+        }
+    };
+    // No revision shows the request half-applied.
+    assert_eq!((count_at(5).await, count_at(6).await, count_at(7).await), (3, 3, 0));
+    // A txn creating two keys and updating a third: one revision; creations get it as their
+    // create revision.
+    kine_testkit::contract::put(&s, "t/0", "a").await; // 8
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![
+            RequestOp::Put(PutRequest { key: b"t/0".to_vec(), value: b"b".to_vec(), ..Default::default() }),
+            RequestOp::Put(PutRequest { key: b"t/1".to_vec(), value: b"c".to_vec(), ..Default::default() }),
+            RequestOp::Put(PutRequest { key: b"t/2".to_vec(), value: b"d".to_vec(), ..Default::default() }),
+        ],
+        failure: vec![],
+    };
+    let r = s.txn(txn).await.unwrap();
+    assert_eq!(r.revision, 11);
+    let kvs = s.range(RangeRequest::new(kine_testkit::contract::prefix("t/"))).await.unwrap().value.kvs;
+    let got: Vec<_> = kvs.iter().map(|kv| (kv.create_revision, kv.mod_revision, kv.version)).collect();
+    assert_eq!(got, vec![(8, 11, 2), (11, 11, 1), (11, 11, 1)]);
+    // Conditional writes on batch-written keys still address the right messages...
+    kine_testkit::contract::put(&s, "t/1", "e").await; // 12
+    s.delete_range(DeleteRangeRequest { range: KeyRange::single("t/2"), prev_kv: false }).await.unwrap(); // 13
+    // ...and compaction keeps each key's version at the compact revision.
+    s.compact(11).await.unwrap();
+    let at_11 = RangeRequest { revision: 11, ..RangeRequest::new(kine_testkit::contract::prefix("t/")) };
+    assert_eq!(s.range(at_11).await.unwrap().value.count, 3);
+    // A new process rebuilds the same state from the stream.
+    let b2 = open(&server, "multi").await;
+    let s2 = kine_testkit::contract::store(b2.clone()).await;
+    let kvs = s2.range(RangeRequest::new(kine_testkit::contract::prefix("t/"))).await.unwrap().value.kvs;
+    let got: Vec<_> = kvs.iter().map(|kv| (kv.key.clone(), kv.mod_revision)).collect();
+    assert_eq!(got, vec![(b"t/0".to_vec(), 11), (b"t/1".to_vec(), 12)]);
+    kine_testkit::contract::put(&s2, "t/0", "f").await; // per-key expectation on a batch member
+    // A lease revoke deleting two keys: one batch, one revision.
     let (lease, _, _) = s.lease_grant(0, 60).await.unwrap();
     for k in ["l/1", "l/2"] {
         s.put(PutRequest { key: k.into(), value: b"v".to_vec(), lease, ..Default::default() }).await.unwrap();
     }
-    assert_eq!(s.lease_revoke(lease).await.unwrap(), 11);
+    assert_eq!(s.lease_revoke(lease).await.unwrap(), 18);
     assert_eq!(
         s.range(RangeRequest::new(KeyRange::from_etcd(b"l/".to_vec(), b"l0".to_vec()))).await.unwrap().value.count,
         0

@@ -5,56 +5,9 @@ mod common;
 use common::*;
 use etcd_client::*;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let (ok, out, err) = run(Command::new("openssl").current_dir(dir).args(args));
-    assert!(ok, "openssl {args:?} failed (is openssl installed?): {out}{err}");
-}
-
-fn make_certs(dir: &Path) {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    openssl(
-        dir,
-        &[
-            &["req", "-x509"],
-            &ec[..],
-            &["-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=kine-rs test CA"],
-        ]
-        .concat(),
-    );
-    for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
-        std::fs::write(
-            dir.join(format!("{name}.ext")),
-            format!("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n"),
-        )
-        .unwrap();
-        let (key, csr, crt, ext) =
-            (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"), format!("{name}.ext"));
-        openssl(dir, &[&["req"], &ec[..], &["-keyout", &key, "-out", &csr, "-subj", &format!("/CN={name}")]].concat());
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                &crt,
-                "-days",
-                "2",
-                "-extfile",
-                &ext,
-            ],
-        );
-    }
-}
+use kine_testkit::certs::make_certs;
 
 fn read(dir: &Path, name: &str) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap()

@@ -1,0 +1,203 @@
+//! Requests that change several keys, on the replica.
+//!
+//! Such a request is published as one JetStream atomic batch: consecutive messages, each
+//! marked `Kine-Batch: i/n`. The replica buffers them and applies them together at the
+//! sequence of the batch's last message, so the request has one revision, like in etcd, and no
+//! revision ever shows it half-applied (the sequences of the other members are revisions at
+//! which nothing changed).
+//!
+//! A member's message sequence then differs from its version's mod revision; conditional
+//! writes and compaction address messages, so [`MessageSeqs`] remembers those sequences.
+
+use kine_core::{Event, EventKind, Revision};
+use std::collections::BTreeMap;
+
+/// Changes ready to apply at one revision: `(message sequence, event)` each.
+#[derive(Debug)]
+pub struct Ready {
+    pub revision: Revision,
+    pub members: Vec<(Revision, Event)>,
+}
+
+impl Ready {
+    pub fn single(seq: Revision, event: Event) -> Ready {
+        Ready { revision: seq, members: vec![(seq, event)] }
+    }
+
+    /// The events stamped with the batch's revision; members' sequences recorded in `seqs`.
+    pub fn into_events(self, seqs: &mut MessageSeqs) -> Vec<Event> {
+        let revision = self.revision;
+        self.members
+            .into_iter()
+            .map(|(seq, mut event)| {
+                if seq != revision {
+                    seqs.record(&event.kv.key, revision, seq);
+                }
+                event.kv.mod_revision = revision;
+                if event.kind == EventKind::Put && event.kv.version == 1 {
+                    event.kv.create_revision = revision;
+                }
+                event
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    start: Revision,
+    end: Revision,
+    members: Vec<(Revision, Event)>,
+}
+
+/// Collects the members of one batch at a time.
+#[derive(Debug, Default)]
+pub struct Assembler {
+    pending: Option<Pending>,
+}
+
+impl Assembler {
+    /// Before handling message `seq`: a pending batch that ends before it will get no more
+    /// members (the rest were purged since) and is ready.
+    pub fn passed(&mut self, seq: Revision) -> Option<Ready> {
+        if self.pending.as_ref().is_some_and(|p| p.end < seq) { self.take() } else { None }
+    }
+
+    /// Member `position` = `(i, n)` of a batch, at sequence `seq`. Returns what is ready: the
+    /// batch once its last member arrived (and an earlier batch that this one cut short).
+    pub fn push(&mut self, seq: Revision, event: Event, (i, n): (i64, i64)) -> Vec<Ready> {
+        let start = seq - (i - 1);
+        let end = start + n - 1;
+        let mut ready = Vec::new();
+        if self.pending.as_ref().is_some_and(|p| p.start != start) {
+            ready.extend(self.take());
+        }
+        self.pending.get_or_insert_with(|| Pending { start, end, members: Vec::new() }).members.push((seq, event));
+        if seq == end {
+            ready.extend(self.take());
+        }
+        ready
+    }
+
+    /// The stream has nothing after the last message: a pending batch's missing members were
+    /// purged, so it is complete as it is.
+    pub fn caught_up(&mut self) -> Option<Ready> {
+        self.take()
+    }
+
+    /// The sequence before the pending batch, if one is pending (the replica must not report
+    /// it applied beyond that).
+    pub fn applied_limit(&self) -> Option<Revision> {
+        self.pending.as_ref().map(|p| p.start - 1)
+    }
+
+    fn take(&mut self) -> Option<Ready> {
+        self.pending.take().map(|p| Ready { revision: p.end, members: p.members })
+    }
+}
+
+/// Message sequences of versions written by a batch, where they differ from the version's
+/// mod revision: `(key, mod revision) → sequence`.
+#[derive(Debug, Default)]
+pub struct MessageSeqs {
+    seqs: BTreeMap<(Vec<u8>, Revision), Revision>,
+}
+
+impl MessageSeqs {
+    fn record(&mut self, key: &[u8], revision: Revision, seq: Revision) {
+        self.seqs.insert((key.to_vec(), revision), seq);
+    }
+
+    /// The message sequence of `key`'s version at `revision`.
+    pub fn get(&self, key: &[u8], revision: Revision) -> Revision {
+        self.seqs.get(&(key.to_vec(), revision)).copied().unwrap_or(revision)
+    }
+
+    /// Forgets `key`'s versions below `revision` (compaction removed them); with `inclusive`,
+    /// also the one at `revision`.
+    pub fn prune(&mut self, key: &[u8], revision: Revision, inclusive: bool) {
+        let doomed: Vec<_> = self
+            .seqs
+            .range((key.to_vec(), 0)..=(key.to_vec(), revision))
+            .map(|(k, _)| k.clone())
+            .filter(|(_, r)| *r < revision || inclusive)
+            .collect();
+        for k in doomed {
+            self.seqs.remove(&k);
+        }
+    }
+
+    pub fn forget_key(&mut self, key: &[u8]) {
+        self.prune(key, Revision::MAX, true);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kine_core::KeyValue;
+
+    fn put(key: &str, version: i64, seq: Revision) -> Event {
+        Event {
+            kind: EventKind::Put,
+            kv: KeyValue { key: key.into(), create_revision: seq, mod_revision: seq, version, ..Default::default() },
+            prev_kv: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_applies_at_its_last_sequence() {
+        let mut a = Assembler::default();
+        let mut seqs = MessageSeqs::default();
+        assert!(a.passed(5).is_none());
+        assert!(a.push(5, put("a", 1, 5), (1, 3)).is_empty());
+        assert_eq!(a.applied_limit(), Some(4));
+        assert!(a.push(6, put("b", 2, 6), (2, 3)).is_empty());
+        let ready = a.push(7, put("c", 1, 7), (3, 3));
+        assert_eq!(ready.len(), 1);
+        assert_eq!(a.applied_limit(), None);
+        let events = ready.into_iter().next().unwrap().into_events(&mut seqs);
+        let revs: Vec<_> = events.iter().map(|e| (e.kv.mod_revision, e.kv.create_revision)).collect();
+        // Creations take the batch revision as create revision; an update keeps its own.
+        assert_eq!(revs, vec![(7, 7), (7, 6), (7, 7)]);
+        assert_eq!((seqs.get(b"a", 7), seqs.get(b"b", 7), seqs.get(b"c", 7)), (5, 6, 7));
+        assert_eq!(seqs.len(), 2);
+        seqs.prune(b"a", 7, false);
+        assert_eq!(seqs.get(b"a", 7), 5);
+        seqs.prune(b"a", 9, false);
+        assert_eq!(seqs.get(b"a", 7), 7);
+        seqs.forget_key(b"b");
+        assert!(seqs.is_empty());
+    }
+
+    #[test]
+    fn purged_members_do_not_hold_a_batch_back() {
+        let mut a = Assembler::default();
+        // Member 2 of 3 was purged: member 3 still completes the batch.
+        assert!(a.push(10, put("a", 1, 10), (1, 3)).is_empty());
+        let ready = a.push(12, put("c", 1, 12), (3, 3));
+        assert_eq!((ready.len(), ready[0].revision, ready[0].members.len()), (1, 12, 2));
+        // The last member was purged: the next message (or catching up) releases the batch.
+        assert!(a.push(20, put("a", 2, 20), (1, 2)).is_empty());
+        let r = a.passed(30).unwrap();
+        assert_eq!((r.revision, r.members.len()), (21, 1));
+        assert!(a.push(40, put("x", 1, 40), (1, 4)).is_empty());
+        assert_eq!(a.caught_up().unwrap().revision, 43);
+        // A batch whose first members were purged starts where its position says.
+        assert!(a.push(52, put("y", 1, 52), (2, 3)).is_empty());
+        assert_eq!(a.applied_limit(), Some(50));
+        // A new batch cuts an unfinished one short.
+        let ready = a.push(60, put("z", 1, 60), (1, 1));
+        assert_eq!(ready.iter().map(|r| r.revision).collect::<Vec<_>>(), vec![53, 60]);
+    }
+}

@@ -1,0 +1,61 @@
+//! Test certificates made with openssl for each run (X.509 v3, as rustls requires): a CA, a
+//! server certificate and a client certificate.
+
+use std::path::Path;
+use std::process::Command;
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("run openssl (is it installed?)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes `ca.crt`, `server.crt`/`server.key` (for 127.0.0.1 and localhost) and
+/// `client.crt`/`client.key` into `dir`.
+pub fn make_certs(dir: &Path) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"],
+            &ec[..],
+            &["-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=kine-rs test CA"],
+        ]
+        .concat(),
+    );
+    for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+        std::fs::write(
+            dir.join(format!("{name}.ext")),
+            format!("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n"),
+        )
+        .unwrap();
+        let (key, csr, crt, ext) =
+            (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"), format!("{name}.ext"));
+        openssl(dir, &[&["req"], &ec[..], &["-keyout", &key, "-out", &csr, "-subj", &format!("/CN={name}")]].concat());
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
+}
+
