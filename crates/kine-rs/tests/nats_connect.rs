@@ -1,6 +1,7 @@
 //! Connecting to an external nats-server the ways kine users do: TLS with a client
 //! certificate (`--ca-file`, `--cert-file`, `--key-file`), and a NATS CLI context file
-//! (`contextFile`) carrying the server URL and credentials.
+//! (`contextFile`) carrying the server URL and credentials, and a credentials file
+//! (`credsFile`: a user JWT and nkey seed, against a server in operator mode).
 
 mod common;
 
@@ -61,4 +62,67 @@ async fn context_file_gives_url_and_credentials() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("contextFile /nonexistent/ctx.json"), "{stderr}");
+}
+
+/// A signed NATS JWT (v2): `claims` issued by `issuer` about `subject`.
+fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let header = b64(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = serde_json::json!({
+        "jti": format!("{}{}", name.to_uppercase(), subject),
+        "iat": 1_700_000_000,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let body = format!("{header}.{}", b64(claims.to_string().as_bytes()));
+    let signature = issuer.sign(body.as_bytes()).unwrap();
+    format!("{body}.{}", b64(&signature))
+}
+
+#[tokio::test]
+async fn creds_file_authenticates_with_a_user_jwt() {
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let operator_jwt = jwt(&operator, &operator.public_key(), "op", serde_json::json!({"type": "operator", "version": 2}));
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": true, "conn": -1,
+        "leaf": -1, "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+    });
+    let account_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "kine",
+        serde_json::json!({"limits": unlimited, "type": "account", "version": 2}),
+    );
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "kine-rs",
+        serde_json::json!({"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1, "type": "user", "version": 2}),
+    );
+    // JetStream in operator mode needs a system account.
+    let system = nkeys::KeyPair::new_account();
+    let system_jwt = jwt(&operator, &system.public_key(), "SYS", serde_json::json!({"type": "account", "version": 2}));
+    let nats = NatsServer::start_with_config(&format!(
+        "operator: {operator_jwt}\nsystem_account: {sys}\nresolver: MEMORY\nresolver_preload: {{ {sys}: {system_jwt}, {acc}: {account_jwt} }}\n",
+        sys = system.public_key(),
+        acc = account.public_key()
+    ));
+    let dir = TempDir::new("nats-creds");
+    let creds = dir.path().join("kine.creds");
+    std::fs::write(
+        &creds,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().unwrap()
+        ),
+    )
+    .unwrap();
+    let endpoint = format!("nats://127.0.0.1:{}?noEmbed&bucket=creds&credsFile={}", nats.port, creds.display());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    put_and_get(&server).await;
 }

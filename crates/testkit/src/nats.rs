@@ -64,16 +64,22 @@ impl NatsServer {
         if let Some(config) = config {
             cmd.arg("-c").arg(config);
         }
-        let child = cmd
+        let log_path = dir.path().join("server.log");
+        let log = std::fs::File::create(&log_path).expect("create the nats-server log");
+        let mut child = cmd
             .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(dir.path())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("spawn nats-server");
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not start on port {port}");
+            let exited = matches!(child.try_wait(), Ok(Some(_)));
+            if exited || Instant::now() > deadline {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                panic!("nats-server did not start on port {port}:\n{log}");
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         child
