@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const NO_GO: &str = "the `embedded-nats` feature links the real nats-server, written in Go, into kine-rs, and building it needs the Go toolchain (1.26 or newer; https://go.dev/dl/ or `apt-get install golang-go`). Install Go, or build kine-rs without the embedded server: cargo build --no-default-features";
+const NO_GO: &str = "the `embedded-nats` feature links the real nats-server, written in Go, into kine-rs, and building it needs the Go toolchain (https://go.dev/dl/; go 1.21 or newer fetches the 1.26 toolchain that nats-server needs by itself). Install Go, or build kine-rs without the embedded server: cargo build --no-default-features";
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));

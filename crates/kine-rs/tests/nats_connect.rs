@@ -87,7 +87,8 @@ async fn creds_file_authenticates_with_a_user_jwt() {
     let operator = nkeys::KeyPair::new_operator();
     let account = nkeys::KeyPair::new_account();
     let user = nkeys::KeyPair::new_user();
-    let operator_jwt = jwt(&operator, &operator.public_key(), "op", serde_json::json!({"type": "operator", "version": 2}));
+    let operator_jwt =
+        jwt(&operator, &operator.public_key(), "op", serde_json::json!({"type": "operator", "version": 2}));
     let unlimited = serde_json::json!({
         "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": true, "conn": -1,
         "leaf": -1, "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,

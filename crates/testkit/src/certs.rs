@@ -58,4 +58,3 @@ pub fn make_certs(dir: &Path) {
         );
     }
 }
-
