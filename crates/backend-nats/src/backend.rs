@@ -33,6 +33,8 @@ use tokio::sync::{broadcast, watch};
 
 /// How long a request waits for NATS before failing with `Unavailable`.
 const NATS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Purge requests in flight during a compaction.
+const PURGE_CONCURRENCY: usize = 32;
 /// Attempts of a conditional write that keeps losing to other writers.
 const MAX_WRITE_ATTEMPTS: usize = 64;
 
@@ -798,7 +800,9 @@ impl Backend for NatsBackend {
             (current, compacted, t.changed_keys_between(compacted, revision))
         };
         timed("record the compact revision", inner.meta.put("compact_revision", revision.to_string().into())).await?;
-        for (key, newest, deleted) in plan {
+        // One purge request per key, PURGE_CONCURRENCY of them in flight (different subjects,
+        // so their order does not matter).
+        let purges = futures_util::stream::iter(plan).map(|(key, newest, deleted)| async move {
             let subject = message::subject(&inner.bucket, &key);
             // Keep the newest version at or below the compact revision, unless it is a deletion.
             let seq = inner.seqs().get(&key, newest);
@@ -809,6 +813,11 @@ impl Backend for NatsBackend {
             )
             .await?;
             inner.seqs().prune(&key, newest, deleted);
+            Ok::<(), Error>(())
+        });
+        let mut purges = purges.buffer_unordered(PURGE_CONCURRENCY);
+        while let Some(done) = purges.next().await {
+            done?;
         }
         {
             // The meta watch may have applied it already.
