@@ -134,7 +134,22 @@ fn server_tls(cli: &Cli) -> Result<Option<ServerTlsConfig>> {
 pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<()> {
     let address = listen::parse(&cli.listen_address)?;
     let tls = server_tls(&cli)?;
-    let (backend, embedded) = open_backend(&cli, &stop).await?;
+    // The etcd port is taken first: a busy port fails before the datastore starts, and an
+    // embedded NATS server picking a random port can never take it. Connections wait in the
+    // backlog until the store is ready (as with etcd).
+    let bound = listen::bind(&address, tls.is_some()).await?;
+    let remove_socket = |bound: &listen::Bound| {
+        if let Some(path) = &bound.socket_path {
+            let _ = std::fs::remove_file(path);
+        }
+    };
+    let (backend, embedded) = match open_backend(&cli, &stop).await {
+        Ok(v) => v,
+        Err(e) => {
+            remove_socket(&bound);
+            return Err(e);
+        }
+    };
     let store_options = StoreOptions {
         watch_progress_interval: cli.watch_progress_notify_interval,
         compact: CompactOptions {
@@ -144,16 +159,12 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             timeout: cli.compact_timeout,
         },
     };
-    let opened = async {
-        let store = Store::open(backend.clone(), store_options).await.context("load leases")?;
-        let bound = listen::bind(&address, tls.is_some()).await?;
-        anyhow::Ok((store, bound))
-    };
-    let (store, bound) = match opened.await {
-        Ok(v) => v,
+    let store = match Store::open(backend.clone(), store_options).await.context("load leases") {
+        Ok(store) => store,
         Err(e) => {
             backend.close().await;
             shutdown_embedded(embedded).await;
+            remove_socket(&bound);
             return Err(e);
         }
     };
