@@ -61,8 +61,10 @@ struct Inner {
     /// The last stream sequence the replica applied.
     applied: watch::Sender<Revision>,
     feed: broadcast::Sender<Arc<RevisionEvents>>,
-    /// One conditional write at a time from this process.
-    write_lock: tokio::sync::Mutex<()>,
+    /// Writes conditional on their own keys run concurrently (shared); a write conditional on
+    /// the whole stream, and a compaction, run alone (exclusive) — concurrent writes from
+    /// this process would otherwise keep invalidating its expectation.
+    write_lock: tokio::sync::RwLock<()>,
     /// Asks the replica to re-create its consumer (it fell behind while connected: a consumer
     /// that stopped delivering, e.g. after a server restart).
     resync: tokio::sync::Notify,
@@ -134,7 +136,7 @@ impl NatsBackend {
             message_seqs: Mutex::new(MessageSeqs::default()),
             applied: watch::channel(0).0,
             feed,
-            write_lock: tokio::sync::Mutex::new(()),
+            write_lock: tokio::sync::RwLock::new(()),
             resync: tokio::sync::Notify::new(),
             slow: cfg.slow_method,
             closed,
@@ -383,9 +385,17 @@ async fn replicate(inner: Arc<Inner>, first: u64) {
                 }
             }
             let pending = info.pending;
-            if pending == 0 {
-                // Nothing follows: members of an unfinished batch were purged.
-                ready.extend(batches.caught_up());
+            if pending == 0
+                && let Some(end) = batches.pending_end()
+            {
+                // Delivered everything the stream shows. If the stream has reached the batch's
+                // end, its missing members were purged (a trailing deletion compacted away);
+                // otherwise the rest is still being stored and will arrive.
+                if let Ok(stream_info) = inner.stream.get_info().await
+                    && stream_info.state.last_sequence as Revision >= end
+                {
+                    ready.extend(batches.finish());
+                }
             }
             let mut published = Vec::with_capacity(ready.len());
             {
@@ -630,10 +640,15 @@ impl NatsBackend {
     /// carries no expectation, so it is only given from a synchronised replica.
     async fn conditional_write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
         let inner = &self.inner;
-        let _guard = inner.write_lock.lock().await;
         inner.check_open()?;
         let mut synced = false;
+        let mut exclusive = false;
         for _ in 0..MAX_WRITE_ATTEMPTS {
+            let (_shared, _alone) = if exclusive {
+                (None, Some(inner.write_lock.write().await))
+            } else {
+                (Some(inner.write_lock.read().await), None)
+            };
             let evaluated = inner.evaluate(&op);
             let (applied, base, expect, key_last) = match evaluated {
                 Ok(v) => v,
@@ -644,6 +659,12 @@ impl NatsBackend {
                 }
                 Err(e) => return Err(e),
             };
+            if matches!(expect, Expect::Stream(_)) && applied.events.is_some() && !exclusive {
+                // Conditional on the whole stream: evaluate again with this process's other
+                // writes held back.
+                exclusive = true;
+                continue;
+            }
             let Some(ev) = &applied.events else {
                 if !synced {
                     inner.barrier().await?;
@@ -791,7 +812,7 @@ impl Backend for NatsBackend {
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
         let inner = &self.inner;
-        let _guard = inner.write_lock.lock().await;
+        let _guard = inner.write_lock.write().await;
         inner.barrier().await?;
         let (current, previous, plan) = {
             let t = inner.table();

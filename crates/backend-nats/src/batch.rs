@@ -58,7 +58,9 @@ pub struct Assembler {
 
 impl Assembler {
     /// Before handling message `seq`: a pending batch that ends before it will get no more
-    /// members (the rest were purged since) and is ready.
+    /// members (the rest were purged since) and is ready. (A
+    /// consumer may deliver a batch's first members before the stream shows the rest, so
+    /// "nothing pending" alone does not mean a batch is over; see [`Assembler::finish`].)
     pub fn passed(&mut self, seq: Revision) -> Option<Ready> {
         if self.pending.as_ref().is_some_and(|p| p.end < seq) { self.take() } else { None }
     }
@@ -79,9 +81,14 @@ impl Assembler {
         ready
     }
 
-    /// The stream has nothing after the last message: a pending batch's missing members were
-    /// purged, so it is complete as it is.
-    pub fn caught_up(&mut self) -> Option<Ready> {
+    /// The sequence of the pending batch's last member, if one is pending.
+    pub fn pending_end(&self) -> Option<Revision> {
+        self.pending.as_ref().map(|p| p.end)
+    }
+
+    /// The stream holds its last member's sequence and every message up to it was delivered:
+    /// the members not seen were purged, and the pending batch is complete as it is.
+    pub fn finish(&mut self) -> Option<Ready> {
         self.take()
     }
 
@@ -191,8 +198,11 @@ mod tests {
         assert!(a.push(20, put("a", 2, 20), (1, 2)).is_empty());
         let r = a.passed(30).unwrap();
         assert_eq!((r.revision, r.members.len()), (21, 1));
+        // Nothing follows a batch whose last members were purged: finished explicitly.
         assert!(a.push(40, put("x", 1, 40), (1, 4)).is_empty());
-        assert_eq!(a.caught_up().unwrap().revision, 43);
+        assert_eq!(a.pending_end(), Some(43));
+        assert_eq!(a.finish().unwrap().revision, 43);
+        assert_eq!(a.pending_end(), None);
         // A batch whose first members were purged starts where its position says.
         assert!(a.push(52, put("y", 1, 52), (2, 3)).is_empty());
         assert_eq!(a.applied_limit(), Some(50));

@@ -106,6 +106,36 @@ async fn multi_key_writes_are_atomic_at_one_revision() {
     );
 }
 
+/// A batch whose last member (a deletion) was compacted away, at the very end of the stream:
+/// a new process must still load it (and not wait for the missing member).
+#[tokio::test]
+async fn batch_with_a_compacted_trailing_deletion_loads() {
+    use kine_core::KeyRange;
+    use kine_core::request::*;
+    let server = NatsServer::start();
+    let b = open(&server, "trail").await;
+    let s = kine_testkit::contract::store(b.clone()).await;
+    kine_testkit::contract::put(&s, "b", "1").await; // 2
+    let txn = TxnRequest {
+        compare: vec![],
+        success: vec![
+            RequestOp::Put(PutRequest { key: b"a".to_vec(), value: b"x".to_vec(), ..Default::default() }),
+            RequestOp::DeleteRange(DeleteRangeRequest { range: KeyRange::single("b"), prev_kv: false }),
+        ],
+        failure: vec![],
+    };
+    assert_eq!(s.txn(txn).await.unwrap().revision, 4); // messages 3 and 4
+    s.compact(4).await.unwrap(); // removes b entirely, including message 4
+    b.close().await;
+    let b2 =
+        tokio::time::timeout(std::time::Duration::from_secs(20), open(&server, "trail")).await.expect("open hangs");
+    let s2 = kine_testkit::contract::store(b2.clone()).await;
+    let kvs = s2.range(RangeRequest::new(KeyRange::from_etcd(vec![0], vec![0]))).await.unwrap().value.kvs;
+    let got: Vec<_> = kvs.iter().map(|kv| (kv.key.clone(), kv.mod_revision)).collect();
+    assert_eq!(got, vec![(b"a".to_vec(), 4)]);
+    assert_eq!(b2.revisions().await.unwrap().current, 4);
+}
+
 /// Leases live in `<bucket>-meta`: no revision spent, duplicates refused, and a new process on
 /// the same bucket sees them (and the data, and the compact revision).
 #[tokio::test]
