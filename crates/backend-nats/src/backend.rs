@@ -14,6 +14,7 @@ use crate::batch::{Assembler, MessageSeqs, Ready};
 use crate::config::NatsConfig;
 use crate::connect::{self, ClientTls};
 use crate::message::{self, Decoded};
+use crate::write_locks::{self, WriteLocks};
 use anyhow::{Context as _, anyhow, bail};
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
@@ -61,10 +62,8 @@ struct Inner {
     /// The last stream sequence the replica applied.
     applied: watch::Sender<Revision>,
     feed: broadcast::Sender<Arc<RevisionEvents>>,
-    /// Writes conditional on their own keys run concurrently (shared); a write conditional on
-    /// the whole stream, and a compaction, run alone (exclusive) — concurrent writes from
-    /// this process would otherwise keep invalidating its expectation.
-    write_lock: tokio::sync::RwLock<()>,
+    /// Which of this process's writes may be in flight together (see `write_locks`).
+    locks: WriteLocks,
     /// Asks the replica to re-create its consumer (it fell behind while connected: a consumer
     /// that stopped delivering, e.g. after a server restart).
     resync: tokio::sync::Notify,
@@ -136,7 +135,7 @@ impl NatsBackend {
             message_seqs: Mutex::new(MessageSeqs::default()),
             applied: watch::channel(0).0,
             feed,
-            write_lock: tokio::sync::RwLock::new(()),
+            locks: WriteLocks::default(),
             resync: tokio::sync::Notify::new(),
             slow: cfg.slow_method,
             closed,
@@ -642,12 +641,12 @@ impl NatsBackend {
         let inner = &self.inner;
         inner.check_open()?;
         let mut synced = false;
-        let mut exclusive = false;
+        let keys = write_locks::request_keys(&op);
+        let mut exclusive = keys.is_none();
         for _ in 0..MAX_WRITE_ATTEMPTS {
-            let (_shared, _alone) = if exclusive {
-                (None, Some(inner.write_lock.write().await))
-            } else {
-                (Some(inner.write_lock.read().await), None)
+            let _guard = match &keys {
+                Some(keys) if !exclusive => inner.locks.keys(keys).await,
+                _ => inner.locks.alone().await,
             };
             let evaluated = inner.evaluate(&op);
             let (applied, base, expect, key_last) = match evaluated {
@@ -812,7 +811,7 @@ impl Backend for NatsBackend {
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
         let inner = &self.inner;
-        let _guard = inner.write_lock.write().await;
+        let _guard = inner.locks.alone().await;
         inner.barrier().await?;
         let (current, previous, plan) = {
             let t = inner.table();

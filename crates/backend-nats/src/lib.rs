@@ -7,5 +7,6 @@ pub mod codec;
 pub mod config;
 pub mod connect;
 pub mod message;
+mod write_locks;
 
 pub use backend::{NatsBackend, NatsOptions};
