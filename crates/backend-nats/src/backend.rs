@@ -11,6 +11,7 @@
 //! last sequence as the stream leader reports it, so they are linearizable.
 
 use crate::batch::{Assembler, MessageSeqs, Ready};
+use crate::codec;
 use crate::config::NatsConfig;
 use crate::connect::{self, ClientTls};
 use crate::message::{self, Decoded};
@@ -95,14 +96,9 @@ async fn timed<T, E: std::fmt::Display>(
     }
 }
 
+/// A stable, non-zero id from a name.
 fn hash_id(text: &str) -> u64 {
-    // FNV-1a: a stable, non-zero id from a name.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h.max(1)
+    codec::fnv1a(text.as_bytes()).max(1)
 }
 
 impl NatsBackend {
@@ -415,17 +411,11 @@ async fn replicate(inner: Arc<Inner>, first: u64) {
             // Waking every waiter per message costs more than applying it during a bulk load:
             // while the consumer still has messages pending, advance silently and wake every
             // 4096 messages; once caught up, wake on each one.
-            if pending == 0 || seq % 4096 == 0 {
-                inner.applied.send_if_modified(|a| {
-                    *a = (*a).max(applied);
-                    true
-                });
-            } else {
-                inner.applied.send_if_modified(|a| {
-                    *a = (*a).max(applied);
-                    false
-                });
-            }
+            let wake = pending == 0 || seq % 4096 == 0;
+            inner.applied.send_if_modified(|a| {
+                *a = (*a).max(applied);
+                wake
+            });
             for ev in published {
                 let _ = inner.feed.send(Arc::new(ev));
             }

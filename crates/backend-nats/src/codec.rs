@@ -85,6 +85,16 @@ pub fn prefix_filter(prefix: &[u8]) -> String {
     }
 }
 
+/// FNV-1a: a stable 64-bit hash of bytes (ids from names, lock stripes from keys).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,13 +31,7 @@ impl Default for WriteLocks {
 }
 
 fn stripe(key: &[u8]) -> usize {
-    // FNV-1a
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % STRIPES as u64) as usize
+    (crate::codec::fnv1a(key) % STRIPES as u64) as usize
 }
 
 impl WriteLocks {

@@ -138,15 +138,15 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
     // embedded NATS server picking a random port can never take it. Connections wait in the
     // backlog until the store is ready (as with etcd).
     let bound = listen::bind(&address, tls.is_some()).await?;
-    let remove_socket = |bound: &listen::Bound| {
-        if let Some(path) = &bound.socket_path {
+    let remove_socket = |socket: &Option<std::path::PathBuf>| {
+        if let Some(path) = socket {
             let _ = std::fs::remove_file(path);
         }
     };
     let (backend, embedded) = match open_backend(&cli, &stop).await {
         Ok(v) => v,
         Err(e) => {
-            remove_socket(&bound);
+            remove_socket(&bound.socket_path);
             return Err(e);
         }
     };
@@ -164,7 +164,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         Err(e) => {
             backend.close().await;
             shutdown_embedded(embedded).await;
-            remove_socket(&bound);
+            remove_socket(&bound.socket_path);
             return Err(e);
         }
     };
@@ -217,9 +217,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
     }
     backend.close().await;
     shutdown_embedded(embedded).await;
-    if let Some(path) = bound.socket_path {
-        let _ = std::fs::remove_file(path);
-    }
+    remove_socket(&bound.socket_path);
     tracing::info!("kine-rs stopped");
     result
 }
