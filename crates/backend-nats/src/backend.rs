@@ -10,14 +10,17 @@
 //! the write is evaluated again. Reads first wait until the replica has applied the stream's
 //! last sequence as the stream leader reports it, so they are linearizable.
 
-use crate::batch::{Assembler, MessageSeqs, Ready};
+mod replica;
+mod setup;
+
+use crate::batch::MessageSeqs;
 use crate::codec;
 use crate::config::NatsConfig;
 use crate::connect::{self, ClientTls};
-use crate::message::{self, Decoded};
+use crate::message;
 use crate::write_locks::{self, WriteLocks};
-use anyhow::{Context as _, anyhow, bail};
-use async_nats::jetstream::{self, consumer, stream};
+use anyhow::{Context as _, anyhow};
+use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
 use kine_core::backend::{Backend, BackendStatus, FEED_CAPACITY, LeaseUpdate, Revisions};
 use kine_core::memory::MemTable;
@@ -35,6 +38,8 @@ use tokio::sync::{broadcast, watch};
 
 /// How long a request waits for NATS before failing with `Unavailable`.
 const NATS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long start-up waits for the first connection to NATS.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Purge requests in flight during a compaction.
 const PURGE_CONCURRENCY: usize = 32;
 /// Attempts of a conditional write that keeps losing to other writers.
@@ -85,6 +90,23 @@ fn unavailable(e: impl std::fmt::Display) -> Error {
     Error::Unavailable(format!("etcdserver: NATS unavailable: {e}"))
 }
 
+/// Whether an error is one that a NATS cluster gives while it forms or elects a leader (worth
+/// retrying for a while).
+fn transient(error: &str) -> bool {
+    const SIGNS: [&str; 8] = [
+        "no responders",
+        "timed out",
+        "deadline has elapsed",
+        "temporarily unavailable",
+        "no suitable peers",
+        "can not handle request",
+        "is offline",
+        "leader",
+    ];
+    let text = error.to_ascii_lowercase();
+    SIGNS.iter().any(|sign| text.contains(sign))
+}
+
 async fn timed<T, E: std::fmt::Display>(
     what: &str,
     f: impl std::future::Future<Output = std::result::Result<T, E>>,
@@ -107,16 +129,23 @@ impl NatsBackend {
     pub async fn open(options: NatsOptions) -> anyhow::Result<NatsBackend> {
         let cfg = &options.config;
         let closed = Arc::new(AtomicBool::new(false));
-        let (servers, opts) = connect::options(cfg, &options.tls, closed.clone()).await?;
-        let client = tokio::time::timeout(Duration::from_secs(30), opts.connect(servers.clone()))
-            .await
-            .map_err(|_| anyhow!("cannot reach NATS at {} within 30 s", servers.join(",")))?
-            .with_context(|| format!("connect to NATS at {}", servers.join(",")))?;
+        let (servers, opts, last_error) = connect::options(cfg, &options.tls, closed.clone()).await?;
+        // The client connects in the background (and reconnects forever); start-up waits for
+        // the first connection.
+        let client =
+            opts.connect(servers.clone()).await.with_context(|| format!("connect to NATS at {}", servers.join(",")))?;
+        connect::wait_connected(&client, &servers, &last_error, CONNECT_TIMEOUT).await?;
         let js = jetstream::new(client.clone());
-        let stream = ensure_stream(&js, cfg).await?;
-        let meta = ensure_meta(&js, cfg).await?;
-        let compacted = read_compacted(&meta).await?;
-        let info = stream.get_info().await.context("read the bucket's stream info")?;
+        // A NATS cluster that is forming or electing leaders refuses JetStream requests for a
+        // while: the set-up steps wait for it (bounded, see `setup::patiently`).
+        let (stream, meta, compacted, info) = setup::patiently("open the bucket", || async {
+            let stream = setup::ensure_stream(&js, cfg).await?;
+            let meta = setup::ensure_meta(&js, cfg).await?;
+            let compacted = setup::read_compacted(&meta).await?;
+            let info = stream.get_info().await.context("read the bucket's stream info")?;
+            Ok((stream, meta, compacted, info))
+        })
+        .await?;
         let (feed, _) = broadcast::channel(FEED_CAPACITY);
         let mut table = MemTable::at(0);
         table.set_compacted(compacted);
@@ -142,14 +171,20 @@ impl NatsBackend {
             lease_revs: Mutex::new(HashMap::new()),
             lease_updates: broadcast::channel(1024).0,
         });
-        let meta_watch = inner.meta.watch_with_history(">").await.context("watch the meta bucket")?;
-        load_leases(&inner).await?;
+        let meta_watch = setup::patiently("watch the meta bucket", || async {
+            inner.meta.watch_with_history(">").await.context("watch the meta bucket")
+        })
+        .await?;
+        setup::patiently("load the leases", || setup::load_leases(&inner)).await?;
         let meta_task = tokio::spawn(follow_meta(inner.clone(), meta_watch));
         *inner.meta_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(meta_task);
         let started = Instant::now();
-        let task = tokio::spawn(replicate(inner.clone(), info.state.first_sequence.max(1)));
+        let task = tokio::spawn(replica::replicate(inner.clone(), info.state.first_sequence.max(1)));
         *inner.replica_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-        let last = inner.last_message().await.map_err(|e| anyhow!("{e}"))?;
+        let last = setup::patiently("read the stream's last message", || async {
+            inner.last_message().await.map_err(|e| anyhow!("{e}"))
+        })
+        .await?;
         inner.wait_applied(last, Duration::from_secs(300)).await.context("load the bucket into memory")?;
         {
             let mut t = inner.table();
@@ -170,106 +205,6 @@ impl NatsBackend {
         );
         Ok(NatsBackend { inner })
     }
-}
-
-async fn ensure_stream(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Result<stream::Stream> {
-    let name = format!("KV_{}", cfg.bucket);
-    let config = stream::Config {
-        name: name.clone(),
-        subjects: vec![format!("$KV.{}.>", cfg.bucket)],
-        max_messages_per_subject: cfg.rev_history,
-        allow_rollup: true,
-        allow_direct: true,
-        allow_atomic_publish: true,
-        num_replicas: cfg.replicas,
-        storage: stream::StorageType::File,
-        ..Default::default()
-    };
-    let mut stream = match js.get_stream(&name).await {
-        Ok(s) => s,
-        Err(_) => {
-            let mut attempt = 0;
-            loop {
-                match js.create_stream(config.clone()).await {
-                    Ok(s) => break s,
-                    Err(e) if attempt < 30 => {
-                        // A cluster that is still forming answers "no suitable peers" for a while.
-                        tracing::debug!(error = %e, "cannot create the bucket yet; retrying");
-                        attempt += 1;
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        if let Ok(s) = js.get_stream(&name).await {
-                            break s;
-                        }
-                    }
-                    Err(e) => return Err(anyhow!("create stream {name}: {e}")),
-                }
-            }
-        }
-    };
-    let info = stream.info().await.with_context(|| format!("read stream {name}"))?.clone();
-    if !info.config.allow_atomic_publish {
-        tracing::warn!(stream = %name, "atomic batch publish is off on this stream; writes that change several keys will fail");
-    }
-    let init = message::init_subject(&cfg.bucket);
-    match stream.get_last_raw_message_by_subject(&init).await {
-        Ok(_) => {}
-        Err(_) if info.state.messages == 0 && info.state.last_sequence == 0 => {
-            // The first kine-rs on this bucket writes the marker; the expectation makes sure
-            // exactly one does, at sequence 1.
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("Nats-Expected-Last-Sequence", "0");
-            match js.publish_with_headers(init.clone(), headers, bytes::Bytes::new()).await {
-                Ok(ack) => match ack.await {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {}
-                    Err(e) => bail!("initialise bucket {}: {e}", cfg.bucket),
-                },
-                Err(e) => bail!("initialise bucket {}: {e}", cfg.bucket),
-            }
-        }
-        Err(_) => bail!(
-            "bucket {} holds data that kine-rs did not write (a bucket of Go kine?); use another bucket (?bucket=NAME)",
-            cfg.bucket
-        ),
-    }
-    Ok(stream)
-}
-
-async fn ensure_meta(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Result<jetstream::kv::Store> {
-    let name = format!("{}-meta", cfg.bucket);
-    if let Ok(kv) = js.get_key_value(&name).await {
-        return Ok(kv);
-    }
-    js.create_key_value(jetstream::kv::Config {
-        bucket: name.clone(),
-        description: "kine-rs compact revision and leases".into(),
-        history: 1,
-        num_replicas: cfg.replicas,
-        storage: stream::StorageType::File,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| anyhow!("create KV bucket {name}: {e}"))
-}
-
-async fn read_compacted(meta: &jetstream::kv::Store) -> anyhow::Result<Revision> {
-    match meta.get("compact_revision").await.context("read the compact revision")? {
-        Some(v) => {
-            std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).context("compact_revision is not a number")
-        }
-        None => Ok(0),
-    }
-}
-
-async fn load_leases(inner: &Inner) -> anyhow::Result<()> {
-    let mut keys = inner.meta.keys().await.context("list leases")?;
-    while let Some(key) = keys.next().await {
-        let key = key.context("list leases")?;
-        if let Some(entry) = inner.meta.entry(&key).await.context("read a lease")? {
-            inner.apply_meta(&entry);
-        }
-    }
-    Ok(())
 }
 
 /// Follows `<bucket>-meta`: leases granted, renewed or revoked and compactions done by any node.
@@ -318,110 +253,6 @@ async fn follow_meta(inner: Arc<Inner>, mut watch: jetstream::kv::Watch) {
                 }
             }
         }
-    }
-}
-
-/// The replica: one ordered consumer over the whole bucket, applying messages in order.
-async fn replicate(inner: Arc<Inner>, first: u64) {
-    let mut start = first;
-    let mut batches = Assembler::default();
-    let filter = format!("$KV.{}.>", inner.bucket);
-    loop {
-        if inner.closed.load(Ordering::SeqCst) {
-            return;
-        }
-        let config = consumer::pull::OrderedConfig {
-            filter_subject: filter.clone(),
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start },
-            ..Default::default()
-        };
-        let messages = match inner.stream.create_consumer(config).await {
-            Ok(c) => c.messages().await.map_err(|e| anyhow!("{e}")),
-            Err(e) => Err(anyhow!("{e}")),
-        };
-        let mut messages = match messages {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot start the bucket consumer; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        loop {
-            let msg = tokio::select! {
-                msg = messages.next() => msg,
-                _ = inner.resync.notified() => {
-                    tracing::debug!(from = start, "re-creating the bucket consumer");
-                    break;
-                }
-            };
-            let Some(msg) = msg else { break };
-            let msg = match msg {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(error = %e, "bucket consumer failed; resuming");
-                    break;
-                }
-            };
-            let Ok(info) = msg.info() else { continue };
-            let seq = info.stream_sequence as Revision;
-            let decoded = message::decode(&inner.bucket, msg.subject.as_str(), msg.headers.as_ref(), &msg.payload, seq);
-            let mut ready: Vec<Ready> = batches.passed(seq).into_iter().collect();
-            let mut marker = false;
-            match decoded {
-                Decoded::Change(event) => match message::batch_position(msg.headers.as_ref()) {
-                    Some(position) => ready.extend(batches.push(seq, event, position)),
-                    None => ready.push(Ready::single(seq, event)),
-                },
-                Decoded::Init => marker = true,
-                Decoded::Foreign(what) => {
-                    tracing::warn!(sequence = seq, "ignoring a message kine-rs did not write: {what}");
-                    marker = true;
-                }
-            }
-            let pending = info.pending;
-            if pending == 0
-                && let Some(end) = batches.pending_end()
-            {
-                // Delivered everything the stream shows. If the stream has reached the batch's
-                // end, its missing members were purged (a trailing deletion compacted away);
-                // otherwise the rest is still being stored and will arrive.
-                if let Ok(stream_info) = inner.stream.get_info().await
-                    && stream_info.state.last_sequence as Revision >= end
-                {
-                    ready.extend(batches.finish());
-                }
-            }
-            let mut published = Vec::with_capacity(ready.len());
-            {
-                let mut t = inner.table();
-                let mut seqs = inner.seqs();
-                for r in ready {
-                    let revision = r.revision;
-                    let events = r.into_events(&mut seqs);
-                    published.push(t.apply_committed(revision, events));
-                }
-                if marker {
-                    t.advance(seq);
-                }
-            }
-            // Applied first, published second (see the Backend invariants). A batch still
-            // being collected is not applied yet.
-            let applied = batches.applied_limit().map_or(seq, |limit| limit.min(seq));
-            // Waking every waiter per message costs more than applying it during a bulk load:
-            // while the consumer still has messages pending, advance silently and wake every
-            // 4096 messages; once caught up, wake on each one.
-            let wake = pending == 0 || seq % 4096 == 0;
-            inner.applied.send_if_modified(|a| {
-                *a = (*a).max(applied);
-                wake
-            });
-            for ev in published {
-                let _ = inner.feed.send(Arc::new(ev));
-            }
-            start = seq as u64 + 1;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -508,10 +339,24 @@ impl Inner {
     /// The sequence of the stream's newest message that still exists, asked of the stream
     /// leader. (The stream's `last_sequence` may name a message that compaction removed, which
     /// no consumer will ever deliver.)
+    /// While the NATS cluster elects a leader the request is retried, within the usual time
+    /// budget, before it fails with `Unavailable`.
     async fn last_message(&self) -> Result<Revision> {
+        const WHAT: &str = "read the stream's last message";
         let filter = format!("$KV.{}.>", self.bucket);
-        let msg = timed("read the stream's last message", self.stream.get_last_raw_message_by_subject(&filter)).await?;
-        Ok(msg.sequence as Revision)
+        let deadline = Instant::now() + NATS_TIMEOUT;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(remaining, self.stream.get_last_raw_message_by_subject(&filter)).await {
+                Ok(Ok(msg)) => return Ok(msg.sequence as Revision),
+                Ok(Err(e)) if transient(&e.to_string()) && remaining > Duration::from_millis(200) => {
+                    tracing::debug!(error = %e, "{WHAT}: retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(Err(e)) => return Err(unavailable(format!("{WHAT}: {e}"))),
+                Err(_) => return Err(unavailable(format!("{WHAT}: timed out after {NATS_TIMEOUT:?}"))),
+            }
+        }
     }
 
     /// Evaluates a write on the replica: the outcome, the revision it was evaluated at, and
@@ -880,7 +725,7 @@ impl Backend for NatsBackend {
         // Flush what was published and close the connection (an embedded server is shut down
         // next; the client must not try to reconnect to it).
         let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.client.flush()).await;
-        let _ = self.inner.client.drain().await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.client.drain()).await;
     }
 
     async fn lease_renew(&self, id: LeaseId, ttl: i64) -> Result<()> {
@@ -901,6 +746,30 @@ impl Drop for NatsBackend {
             if let Some(task) = task.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 task.abort();
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient;
+
+    #[test]
+    fn cluster_formation_errors_are_transient() {
+        for e in [
+            "read the compact revision: failed getting entry: unable to get message: 503 no responders",
+            "create stream KV_kine: insufficient resources: no suitable peers for placement",
+            "JetStream system temporarily unavailable",
+            "read stream KV_kine: timed out: request timed out: deadline has elapsed",
+        ] {
+            assert!(transient(e), "{e}");
+        }
+        for e in [
+            "bucket kine holds data that kine-rs did not write",
+            "JetStream not enabled for account",
+            "compact_revision is not a number",
+        ] {
+            assert!(!transient(e), "{e}");
         }
     }
 }

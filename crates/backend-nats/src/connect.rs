@@ -4,8 +4,8 @@ use crate::config::{Credentials, NatsConfig};
 use anyhow::{Context, Result, bail};
 use async_nats::ConnectOptions;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Datastore TLS files (`--ca-file`, `--cert-file`, `--key-file`).
@@ -49,13 +49,53 @@ fn read_context(path: &PathBuf) -> Result<ContextFile> {
     })
 }
 
-/// Server addresses and options for `async_nats`. Once `closing` is set, losing the
-/// connection is expected and logged at debug only.
+/// The client's last connection error, cleared once connected (for start-up errors).
+#[derive(Clone, Default)]
+pub struct LastError(Arc<Mutex<Option<String>>>);
+
+impl LastError {
+    fn set(&self, error: Option<String>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+
+    fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Waits until `client` (which connects in the background) is connected, for up to `limit`;
+/// the error then names the servers and the last connection error. Refused credentials fail
+/// at once.
+pub async fn wait_connected(
+    client: &async_nats::Client,
+    servers: &[String],
+    last: &LastError,
+    limit: Duration,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    while client.connection_state() != async_nats::connection::State::Connected {
+        // Wrong credentials do not fix themselves: say so at once.
+        if let Some(e) = last.get().filter(|e| e.contains("authorization violation")) {
+            bail!("NATS at {} refused the credentials: {e}", servers.join(","));
+        }
+        if started.elapsed() >= limit {
+            let why = last.get().map(|e| format!(" (last error: {e})")).unwrap_or_default();
+            bail!("cannot reach NATS at {} within {limit:?}{why}", servers.join(","));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Server addresses and options for `async_nats`, and the handle of the last connection
+/// error. Once `closing` is set, losing the connection is expected and logged at debug only.
 pub async fn options(
     cfg: &NatsConfig,
     tls: &ClientTls,
     closing: Arc<AtomicBool>,
-) -> Result<(Vec<String>, ConnectOptions)> {
+) -> Result<(Vec<String>, ConnectOptions, LastError)> {
+    let last_error = LastError::default();
+    let last = last_error.clone();
     let mut servers: Vec<String> = cfg.servers.iter().map(|s| format!("nats://{s}")).collect();
     let mut opts = ConnectOptions::new()
         .name(format!("kine-rs using bucket {}", cfg.bucket))
@@ -67,11 +107,19 @@ pub async fn options(
         .reconnect_delay_callback(|attempts| Duration::from_millis((100 * attempts.saturating_sub(1) as u64).min(2000)))
         .event_callback(move |event| {
             let closing = closing.load(Ordering::SeqCst);
+            let last = last.clone();
             async move {
                 match event {
                     async_nats::Event::Disconnected if closing => tracing::debug!("NATS connection closed"),
                     async_nats::Event::Disconnected => tracing::warn!("NATS connection lost; reconnecting"),
-                    async_nats::Event::Connected => tracing::info!("NATS connection (re)established"),
+                    async_nats::Event::Connected => {
+                        last.set(None);
+                        tracing::info!("NATS connection (re)established")
+                    }
+                    async_nats::Event::ClientError(e) => {
+                        last.set(Some(e.to_string()));
+                        tracing::debug!(error = %e, "NATS client error")
+                    }
                     other => tracing::debug!(event = %other, "NATS client event"),
                 }
             }
@@ -119,5 +167,5 @@ pub async fn options(
     if servers.is_empty() {
         servers.push("nats://127.0.0.1:4222".into());
     }
-    Ok((servers, opts))
+    Ok((servers, opts, last_error))
 }
