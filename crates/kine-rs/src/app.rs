@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
+/// How long each background task may take to stop once shutdown starts.
+const TASK_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long in-flight requests may take to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -93,7 +95,14 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             };
             let (embedded, config) = start_embedded(*config, stop).await?;
             let options = kine_backend_nats::NatsOptions { config, tls };
-            match kine_backend_nats::NatsBackend::open(options).await {
+            // Opening waits for NATS (connection, a forming cluster, loading the bucket): a
+            // shutdown signal ends the wait.
+            let mut stop = stop.clone();
+            let opened = tokio::select! {
+                r = kine_backend_nats::NatsBackend::open(options) => r,
+                _ = stop.wait() => Err(anyhow::anyhow!("stopped while opening the NATS bucket")),
+            };
+            match opened {
                 Ok(backend) => (Arc::new(backend), embedded),
                 Err(e) => {
                     shutdown_embedded(embedded).await;
@@ -147,6 +156,10 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         Ok(v) => v,
         Err(e) => {
             remove_socket(&bound.socket_path);
+            if stop.is_triggered() {
+                tracing::info!("kine-rs stopped during start-up");
+                return Ok(());
+            }
             return Err(e);
         }
     };
@@ -212,8 +225,13 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             Ok(())
         }
     };
-    for task in tasks {
-        let _ = task.await;
+    // Background tasks stop at the shutdown signal; one stuck on an unreachable datastore
+    // must not hold the process.
+    for mut task in tasks {
+        if tokio::time::timeout(TASK_STOP_TIMEOUT, &mut task).await.is_err() {
+            tracing::warn!("a background task did not stop within {TASK_STOP_TIMEOUT:?}; aborting it");
+            task.abort();
+        }
     }
     backend.close().await;
     shutdown_embedded(embedded).await;
