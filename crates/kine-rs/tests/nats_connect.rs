@@ -127,3 +127,56 @@ async fn creds_file_authenticates_with_a_user_jwt() {
     let server = Server::start(&["--endpoint", &endpoint]);
     put_and_get(&server).await;
 }
+
+/// A shutdown signal while kine-rs still waits for an unreachable NATS ends the wait at once:
+/// a clean exit, not a process stuck until the connection timeout.
+#[tokio::test]
+async fn sigterm_while_waiting_for_nats_exits_cleanly() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let endpoint = format!("nats://127.0.0.1:{}?noEmbed", kine_testkit::nats::free_port());
+    let mut child = std::process::Command::new(common::BIN)
+        .args(["--listen-address", "127.0.0.1:0", "--endpoint", &endpoint])
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn kine-rs");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(child.try_wait().unwrap().is_none(), "kine-rs should still be waiting for NATS");
+    let sent = Instant::now();
+    std::process::Command::new("kill").args(["-s", "TERM", &child.id().to_string()]).status().expect("kill");
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if sent.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("kine-rs still running 10 s after SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut log = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut log).unwrap();
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(log.contains("stopped during start-up"), "{log}");
+    assert!(sent.elapsed() < Duration::from_secs(3), "took {:?} to stop\n{log}", sent.elapsed());
+}
+
+/// Wrong credentials fail start-up at once, with the server's reason.
+#[tokio::test]
+async fn wrong_credentials_fail_at_once() {
+    let nats = NatsServer::start_with_config("authorization { user: kine, password: right }\n");
+    let endpoint = format!("nats://kine:wrong@127.0.0.1:{}?noEmbed", nats.port);
+    let started = std::time::Instant::now();
+    let (ok, _, log) = common::run(std::process::Command::new(common::BIN).args([
+        "--listen-address",
+        "127.0.0.1:0",
+        "--endpoint",
+        &endpoint,
+    ]));
+    assert!(!ok, "{log}");
+    assert!(log.contains("refused the credentials") && log.contains("authorization violation"), "{log}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "took {:?}", started.elapsed());
+}

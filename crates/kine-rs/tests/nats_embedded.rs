@@ -333,24 +333,74 @@ async fn three_embedded_servers_cluster_by_server_config() {
         acked.extend(w.await.unwrap());
     }
     assert!(acked.len() > 20, "too few writes acknowledged: {}", acked.len());
-    // The survivors kept serving: writes acknowledged after the kill, and nothing lost.
-    for c in clients.iter_mut().take(2) {
+    // The survivors keep serving. If the killed server led the stream (or the meta group), they
+    // answer Unavailable until the remaining two elect a new leader (NATS's Raft election
+    // timeout is several seconds); after that, writes succeed on both.
+    let limit = Duration::from_secs(30);
+    for (i, c) in clients.iter().take(2).enumerate() {
+        let (_, waited) = until_served("write on a survivor", limit, || {
+            let mut c = c.clone();
+            async move { c.put(format!("survivor/{i}"), "v", None).await }
+        })
+        .await;
+        eprintln!("survivor {i}: wrote {waited:?} after the load ended");
+    }
+    // Nothing acknowledged was lost.
+    for c in clients.iter().take(2) {
         for (key, rev) in &acked {
-            let got = c.get(key.as_str(), None).await.unwrap();
+            let (got, _) = until_served("read on a survivor", limit, || {
+                let mut c = c.clone();
+                async move { c.get(key.as_str(), None).await }
+            })
+            .await;
             assert_eq!(got.kvs().first().map(|kv| kv.mod_revision()), Some(*rev), "{key} lost");
         }
     }
     // Node 2 comes back and catches up.
     nodes[2] = start_nodes(&endpoints[2..3]).pop().unwrap();
-    let mut back = nodes[2].client().await;
-    let all = back.get("load/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let back = nodes[2].client().await;
+    let (all, _) = until_served("read on the restarted node", limit, || {
+        let mut c = back.clone();
+        async move { c.get("load/", Some(GetOptions::new().with_prefix())).await }
+    })
+    .await;
     let have: HashSet<(String, i64)> =
         all.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.mod_revision())).collect();
     for a in &acked {
         assert!(have.contains(a), "{a:?} missing on the restarted node");
     }
-    let rev = back.put("after", "restart", None).await.unwrap().header().unwrap().revision();
-    assert_eq!(clients[0].get("after", None).await.unwrap().kvs()[0].mod_revision(), rev);
+    let (put, _) = until_served("write on the restarted node", limit, || {
+        let mut c = back.clone();
+        async move { c.put("after", "restart", None).await }
+    })
+    .await;
+    let rev = put.header().unwrap().revision();
+    let (got, _) = until_served("read on node 0", limit, || {
+        let mut c = clients[0].clone();
+        async move { c.get("after", None).await }
+    })
+    .await;
+    assert_eq!(got.kvs()[0].mod_revision(), rev);
+}
+
+/// Runs `op` until it succeeds; only Unavailable (the NATS cluster is still electing a leader)
+/// is retried, for up to `limit`. Returns the result and how long that took.
+async fn until_served<T, F, Fut>(what: &str, limit: Duration, mut op: F) -> (T, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let start = Instant::now();
+    loop {
+        match op().await {
+            Ok(v) => return (v, start.elapsed()),
+            Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::Unavailable => {
+                assert!(start.elapsed() < limit, "{what}: still unavailable after {limit:?}: {}", s.message());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
 }
 
 /// A minimal NATS client over raw TCP (the tests need request/reply only).
