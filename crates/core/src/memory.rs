@@ -23,8 +23,9 @@ pub struct MemTable {
     compacted: Revision,
     /// Per key, its versions in revision order; `None` marks a deletion.
     keys: BTreeMap<Vec<u8>, History>,
-    /// Per revision, its events (for watch catch-up).
-    log: BTreeMap<Revision, Vec<Event>>,
+    /// Per revision, the keys it changed, in event order (for watch catch-up). The events
+    /// themselves are rebuilt from `keys`, so each version is held once.
+    log: BTreeMap<Revision, Vec<Vec<u8>>>,
     leases: HashMap<LeaseId, i64>,
 }
 
@@ -78,9 +79,7 @@ impl MemTable {
             done.push(event);
         }
         let ev = RevisionEvents { revision, events: done };
-        if !ev.events.is_empty() {
-            self.log.insert(revision, ev.events.clone());
-        }
+        self.log_events(&ev);
         self.current = self.current.max(revision);
         ev
     }
@@ -140,7 +139,7 @@ impl MemTable {
     pub fn apply(&mut self, op: &WriteOp) -> Result<txn::Applied> {
         let applied = txn::apply(self, op)?;
         if let Some(ev) = &applied.events {
-            self.log.insert(ev.revision, ev.events.clone());
+            self.log_events(ev);
             self.current = ev.revision;
         }
         Ok(applied)
@@ -161,19 +160,11 @@ impl MemTable {
         // (as in a store that keeps rows, not events): puts that are still the key's version,
         // whose previous versions are gone.
         self.log = self.log.split_off(&rev);
-        if let Some(events) = self.log.get_mut(&rev) {
+        if let Some(changed) = self.log.get_mut(&rev) {
             let keys = &self.keys;
-            events.retain(|e| {
-                e.kind == EventKind::Put
-                    && keys
-                        .get(&e.kv.key)
-                        .and_then(|h| h.first())
-                        .is_some_and(|(r, kv)| *r == rev && kv.as_ref() == Some(&e.kv))
-            });
-            for e in events.iter_mut() {
-                e.prev_kv = None;
-            }
-            if events.is_empty() {
+            changed
+                .retain(|key| keys.get(key).and_then(|h| h.first()).is_some_and(|(r, kv)| *r == rev && kv.is_some()));
+            if changed.is_empty() {
                 self.log.remove(&rev);
             }
         }
@@ -189,13 +180,39 @@ impl MemTable {
         if after >= until {
             return Ok(out);
         }
-        for (rev, events) in self.log.range(after + 1..=until) {
-            let events: Vec<Event> = events.iter().filter(|e| range.contains(&e.kv.key)).cloned().collect();
+        for (rev, changed) in self.log.range(after + 1..=until) {
+            let events: Vec<Event> =
+                changed.iter().filter(|key| range.contains(key)).filter_map(|key| self.event_at(key, *rev)).collect();
             if !events.is_empty() {
                 out.push(RevisionEvents { revision: *rev, events });
             }
         }
         Ok(out)
+    }
+
+    fn log_events(&mut self, ev: &RevisionEvents) {
+        if !ev.events.is_empty() {
+            self.log.insert(ev.revision, ev.events.iter().map(|e| e.kv.key.clone()).collect());
+        }
+    }
+
+    /// The event that changed `key` at `rev`, rebuilt from its history: the version written
+    /// then (a deletion carries only the key and revision, as in etcd) and the one it replaced.
+    /// Compaction keeps the version live at the compact revision, so a logged event's previous
+    /// version is held unless compaction removed it (then, as at the compact revision itself,
+    /// there is none).
+    fn event_at(&self, key: &[u8], rev: Revision) -> Option<Event> {
+        let history = self.keys.get(key)?;
+        let i = history.binary_search_by_key(&rev, |(r, _)| *r).ok()?;
+        let prev_kv = history[..i].last().and_then(|(_, kv)| kv.clone());
+        Some(match &history[i].1 {
+            Some(kv) => Event { kind: EventKind::Put, kv: kv.clone(), prev_kv },
+            None => Event {
+                kind: EventKind::Delete,
+                kv: KeyValue { key: key.to_vec(), mod_revision: rev, ..Default::default() },
+                prev_kv,
+            },
+        })
     }
 
     pub fn lease_list(&self) -> Vec<(LeaseId, i64)> {
