@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Server, TempDir};
+use common::{Server, TempDir, until_served};
 use etcd_client::GetOptions;
 use kine_testkit::nats::{NatsServer, free_port};
 use std::collections::HashSet;
@@ -381,26 +381,6 @@ async fn three_embedded_servers_cluster_by_server_config() {
     })
     .await;
     assert_eq!(got.kvs()[0].mod_revision(), rev);
-}
-
-/// Runs `op` until it succeeds; only Unavailable (the NATS cluster is still electing a leader)
-/// is retried, for up to `limit`. Returns the result and how long that took.
-async fn until_served<T, F, Fut>(what: &str, limit: Duration, mut op: F) -> (T, Duration)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
-{
-    let start = Instant::now();
-    loop {
-        match op().await {
-            Ok(v) => return (v, start.elapsed()),
-            Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::Unavailable => {
-                assert!(start.elapsed() < limit, "{what}: still unavailable after {limit:?}: {}", s.message());
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("{what}: {e}"),
-        }
-    }
 }
 
 /// A minimal NATS client over raw TCP (the tests need request/reply only).

@@ -123,25 +123,22 @@ async fn three_kine_nodes_on_a_three_node_nats_cluster() {
         acked.extend(w.await.unwrap());
     }
     assert!(acked.len() > 30, "the load ran ({} acknowledged writes)", acked.len());
-    // The restarted server may still be rejoining: a write can be refused (Unavailable) for a
-    // moment, never lost.
-    let mut last = None;
-    for _ in 0..40 {
-        match clients[0].put("/m/end", "x", None).await {
-            Ok(r) => {
-                last = Some(r.header().unwrap().revision());
-                break;
-            }
-            Err(e) => {
-                eprintln!("write after the restart refused: {e}");
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        }
-    }
-    let last = last.expect("writes resume after the NATS server restarts");
+    // The restarted server may still be rejoining, and the cluster electing leaders: requests
+    // can be refused (Unavailable) for a moment, never lost.
+    let limit = Duration::from_secs(30);
+    let (end, _) = until_served("write after the restart", limit, || {
+        let mut c = clients[0].clone();
+        async move { c.put("/m/end", "x", None).await }
+    })
+    .await;
+    let last = end.header().unwrap().revision();
     for (key, rev) in &acked {
-        for c in &mut clients {
-            let r = c.get(key.as_str(), None).await.unwrap();
+        for c in &clients {
+            let (r, _) = until_served("read after the restart", limit, || {
+                let mut c = c.clone();
+                async move { c.get(key.as_str(), None).await }
+            })
+            .await;
             assert_eq!(r.kvs().len(), 1, "acknowledged write {key} lost");
             assert_eq!(r.kvs()[0].mod_revision(), *rev);
         }

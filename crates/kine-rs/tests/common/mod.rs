@@ -126,3 +126,23 @@ pub fn run(cmd: &mut Command) -> (bool, String, String) {
 pub fn path_buf(p: &Path) -> PathBuf {
     p.to_path_buf()
 }
+
+/// Runs `op` until it succeeds; only Unavailable (the NATS cluster is still electing a leader)
+/// is retried, for up to `limit`. Returns the result and how long that took.
+pub async fn until_served<T, F, Fut>(what: &str, limit: Duration, mut op: F) -> (T, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let start = Instant::now();
+    loop {
+        match op().await {
+            Ok(v) => return (v, start.elapsed()),
+            Err(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::Unavailable => {
+                assert!(start.elapsed() < limit, "{what}: still unavailable after {limit:?}: {}", s.message());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
