@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 /// How long start-up waits for JetStream to answer (a forming cluster, a leader election)
 /// before giving up with the last error.
 const PATIENCE: Duration = Duration::from_secs(60);
+/// A bound on one attempt of a step (each NATS request in it has its own 5 s timeout; loading
+/// many leases takes many requests).
+const ATTEMPT_LIMIT: Duration = Duration::from_secs(30);
 
 /// Runs a start-up step until it succeeds, retrying while it fails the way a NATS cluster that is
 /// forming or electing a leader fails (no responders, timeouts, "temporarily unavailable", no
@@ -25,10 +28,10 @@ where
     let started = Instant::now();
     let mut warned = started;
     loop {
-        let error = match tokio::time::timeout(super::NATS_TIMEOUT, step()).await {
+        let error = match tokio::time::timeout(ATTEMPT_LIMIT, step()).await {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => e,
-            Err(_) => anyhow!("{what}: timed out after {:?}", super::NATS_TIMEOUT),
+            Err(_) => anyhow!("{what}: timed out after {ATTEMPT_LIMIT:?}"),
         };
         if !super::transient(&format!("{error:#}")) || started.elapsed() >= PATIENCE {
             return Err(error);
