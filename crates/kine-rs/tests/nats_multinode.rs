@@ -205,3 +205,26 @@ async fn leases_and_compaction_are_shared_between_nodes() {
     let e = clients[1].get("/l/after", Some(GetOptions::new().with_revision(next - 1))).await.unwrap_err();
     assert!(e.to_string().contains("required revision has been compacted"), "{e}");
 }
+
+/// kine-rs started while its NATS cluster is still forming (2 of 3 fresh servers up; the bucket
+/// needs all 3 replicas) waits for JetStream instead of failing, and opens the bucket once the
+/// third server joins.
+#[tokio::test]
+async fn waits_for_a_forming_cluster() {
+    let mut cluster = NatsCluster::start_partly(2);
+    let endpoint = format!("{}?noEmbed&bucket=forming&replicas=3", cluster.urls(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let starting = std::thread::spawn(move || {
+        let server = Server::start(&["--endpoint", &endpoint]);
+        let _ = tx.send(());
+        server
+    });
+    // Not ready while a server is missing (and not exited: `Server::start` would panic).
+    assert!(rx.recv_timeout(Duration::from_secs(4)).is_err(), "ready without the third server");
+    assert!(!starting.is_finished(), "kine-rs gave up while the cluster was forming");
+    cluster.nodes[2].start();
+    let server = starting.join().expect("kine-rs opens the bucket once the cluster has formed");
+    let mut client = server.client().await;
+    let rev = client.put("k", "v", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(rev, 2);
+}

@@ -156,10 +156,27 @@ impl ClusterNode {
         self.kill();
         self.spawn();
     }
+
+    /// Starts a node that is not running, and waits until it accepts connections.
+    pub fn start(&mut self) {
+        assert!(self.child.is_none(), "nats-server {} is already running", self.name);
+        self.spawn();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server {} did not start", self.name);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl NatsCluster {
     pub fn start() -> NatsCluster {
+        NatsCluster::start_partly(3)
+    }
+
+    /// A 3-node cluster of which only the first `running` nodes are started (the others with
+    /// [`ClusterNode::start`]).
+    pub fn start_partly(running: usize) -> NatsCluster {
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let routes = ports.iter().map(|(_, c)| format!("nats://127.0.0.1:{c}")).collect::<Vec<_>>().join(",");
         let mut nodes: Vec<ClusterNode> = ports
@@ -174,15 +191,8 @@ impl NatsCluster {
                 routes: routes.clone(),
             })
             .collect();
-        for n in &mut nodes {
-            n.spawn();
-        }
-        for n in &nodes {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while std::net::TcpStream::connect(("127.0.0.1", n.port)).is_err() {
-                assert!(Instant::now() < deadline, "nats-server {} did not start", n.name);
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        for n in nodes.iter_mut().take(running) {
+            n.start();
         }
         NatsCluster { nodes }
     }
