@@ -132,8 +132,10 @@ impl NatsBackend {
         let (servers, opts, last_error) = connect::options(cfg, &options.tls, closed.clone()).await?;
         // The client connects in the background (and reconnects forever); start-up waits for
         // the first connection.
-        let client =
-            opts.connect(servers.clone()).await.with_context(|| format!("connect to NATS at {}", servers.join(",")))?;
+        let client = opts
+            .connect(servers.clone())
+            .await
+            .with_context(|| format!("connect to NATS at {}", connect::shown(&servers)))?;
         connect::wait_connected(&client, &servers, &last_error, CONNECT_TIMEOUT).await?;
         let js = jetstream::new(client.clone());
         // A NATS cluster that is forming or electing leaders refuses JetStream requests for a

@@ -76,15 +76,46 @@ pub async fn wait_connected(
     while client.connection_state() != async_nats::connection::State::Connected {
         // Wrong credentials do not fix themselves: say so at once.
         if let Some(e) = last.get().filter(|e| e.contains("authorization violation")) {
-            bail!("NATS at {} refused the credentials: {e}", servers.join(","));
+            bail!("NATS at {} refused the credentials: {e}", shown(servers));
         }
         if started.elapsed() >= limit {
-            let why = last.get().map(|e| format!(" (last error: {e})")).unwrap_or_default();
-            bail!("cannot reach NATS at {} within {limit:?}{why}", servers.join(","));
+            let mut why = last.get().map(|e| format!(" (last error: {e})")).unwrap_or_default();
+            // async-nats reports a failed TCP connection as a bare "IO error": say which.
+            if why.contains("IO error")
+                && let Some(tcp) = tcp_error(servers).await
+            {
+                why = format!(" ({tcp})");
+            }
+            bail!("cannot reach NATS at {} within {limit:?}{why}", shown(servers));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
+}
+
+/// Server URLs for messages, without credentials (a context file's URL may carry them).
+pub fn shown(servers: &[String]) -> String {
+    let hide = |server: &String| match (server.find("://"), server.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &server[..scheme + 3], &server[at..]),
+        (None, Some(at)) => format!("***{}", &server[at..]),
+        _ => server.clone(),
+    };
+    servers.iter().map(hide).collect::<Vec<_>>().join(",")
+}
+
+/// The operating system's reason why the first unreachable server refuses a TCP connection
+/// (connection refused, no route, unknown host), if one does.
+async fn tcp_error(servers: &[String]) -> Option<String> {
+    for server in servers {
+        let address = server.rsplit("://").next().unwrap_or(server);
+        let address = address.rsplit('@').next().unwrap_or(address);
+        match tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await {
+            Ok(Err(e)) => return Some(format!("{address}: {e}")),
+            Err(_) => return Some(format!("{address}: no answer to a TCP connection within 2 s")),
+            Ok(Ok(_)) => {}
+        }
+    }
+    None
 }
 
 /// Server addresses and options for `async_nats`, and the handle of the last connection
@@ -168,4 +199,16 @@ pub async fn options(
         servers.push("nats://127.0.0.1:4222".into());
     }
     Ok((servers, opts, last_error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn messages_never_show_credentials() {
+        let servers = ["nats://kine:secret@10.0.0.1:4222".to_string(), "nats://10.0.0.2:4222".to_string()];
+        assert_eq!(shown(&servers), "nats://***@10.0.0.1:4222,nats://10.0.0.2:4222");
+        assert_eq!(shown(&["token@host:4222".to_string()]), "***@host:4222");
+    }
 }
