@@ -20,7 +20,7 @@ async fn main() -> anyhow::Result<()> {
     let endpoint = format!("{url}?bucket={bucket}");
     let config =
         kine_backend_nats::config::parse(&endpoint, |_| Ok(Duration::from_millis(500))).map_err(anyhow::Error::msg)?;
-    let options = NatsOptions { config, tls: Default::default() };
+    let options = NatsOptions::new(config);
     let backend = NatsBackend::open(options.clone()).await?;
     backend.close().await;
 

@@ -10,6 +10,9 @@
 //! the write is evaluated again. Reads first wait until the replica has applied the stream's
 //! last sequence as the stream leader reports it, so they are linearizable.
 
+mod barrier;
+mod consumer;
+mod leader;
 mod replica;
 mod setup;
 
@@ -49,6 +52,16 @@ const MAX_WRITE_ATTEMPTS: usize = 64;
 pub struct NatsOptions {
     pub config: NatsConfig,
     pub tls: ClientTls,
+    /// The largest write kine-rs accepts (`--max-request-bytes`): NATS should take messages
+    /// that large.
+    pub max_request_bytes: usize,
+}
+
+impl NatsOptions {
+    /// Options without datastore TLS, for etcd's request limit (1.5 MiB).
+    pub fn new(config: NatsConfig) -> NatsOptions {
+        NatsOptions { config, tls: ClientTls::default(), max_request_bytes: 1536 * 1024 }
+    }
 }
 
 pub struct NatsBackend {
@@ -67,12 +80,18 @@ struct Inner {
     message_seqs: Mutex<MessageSeqs>,
     /// The last stream sequence the replica applied.
     applied: watch::Sender<Revision>,
+    /// The newest last sequence the stream leader reported to a read barrier: the replica must
+    /// reach it (when it delivers nothing while behind it, the replica looks into why).
+    target: watch::Sender<Revision>,
+    /// The read barrier's requests to the stream leader, shared by concurrent reads.
+    rounds: barrier::Rounds,
     feed: broadcast::Sender<Arc<RevisionEvents>>,
     /// Which of this process's writes may be in flight together (see `write_locks`).
     locks: WriteLocks,
-    /// Asks the replica to re-create its consumer (it fell behind while connected: a consumer
-    /// that stopped delivering, e.g. after a server restart).
-    resync: tokio::sync::Notify,
+    /// `$KV.<bucket>.>`: every message of the bucket.
+    filter: String,
+    /// The stream drops old messages of a key beyond a per-key limit (`revHistory`).
+    history_limited: bool,
     slow: Duration,
     /// Set by `close`; shared with the client's event callback.
     closed: Arc<AtomicBool>,
@@ -137,33 +156,42 @@ impl NatsBackend {
             .await
             .with_context(|| format!("connect to NATS at {}", connect::shown(&servers)))?;
         connect::wait_connected(&client, &servers, &last_error, CONNECT_TIMEOUT).await?;
+        let max_payload = client.server_info().max_payload;
+        if max_payload < options.max_request_bytes {
+            tracing::warn!(
+                max_payload,
+                max_request_bytes = options.max_request_bytes,
+                "the NATS server's max_payload is below --max-request-bytes: larger values are refused with \
+                 \"request is too large\" (raise max_payload on the server, e.g. max_payload: 2MB)"
+            );
+        }
         let js = jetstream::new(client.clone());
         // A NATS cluster that is forming or electing leaders refuses JetStream requests for a
         // while: the set-up steps wait for it (bounded, see `setup::patiently`).
-        let (stream, meta, compacted, info) = setup::patiently("open the bucket", || async {
+        let (stream, meta, info) = setup::patiently("open the bucket", || async {
             let stream = setup::ensure_stream(&js, cfg).await?;
             let meta = setup::ensure_meta(&js, cfg).await?;
-            let compacted = setup::read_compacted(&meta).await?;
             let info = stream.get_info().await.context("read the bucket's stream info")?;
-            Ok((stream, meta, compacted, info))
+            Ok((stream, meta, info))
         })
         .await?;
         let (feed, _) = broadcast::channel(FEED_CAPACITY);
-        let mut table = MemTable::at(0);
-        table.set_compacted(compacted);
         let member_id = kine_core::id::random_nonzero();
         let inner = Arc::new(Inner {
             bucket: cfg.bucket.clone(),
             client,
             js,
+            rounds: barrier::Rounds::new(stream.clone()),
             stream,
             meta,
-            table: Mutex::new(table),
+            table: Mutex::new(MemTable::at(0)),
             message_seqs: Mutex::new(MessageSeqs::default()),
             applied: watch::channel(0).0,
+            target: watch::channel(0).0,
             feed,
             locks: WriteLocks::default(),
-            resync: tokio::sync::Notify::new(),
+            filter: format!("$KV.{}.>", cfg.bucket),
+            history_limited: info.config.max_messages_per_subject > 0,
             slow: cfg.slow_method,
             closed,
             cluster_id: hash_id(&format!("kine-rs/{}", cfg.bucket)),
@@ -181,27 +209,17 @@ impl NatsBackend {
         let meta_task = tokio::spawn(follow_meta(inner.clone(), meta_watch));
         *inner.meta_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(meta_task);
         let started = Instant::now();
-        let task = tokio::spawn(replica::replicate(inner.clone(), info.state.first_sequence.max(1)));
+        let (ready, loaded) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(replica::replicate(inner.clone(), ready));
         *inner.replica_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-        let last = setup::patiently("read the stream's last message", || async {
-            inner.last_message().await.map_err(|e| anyhow!("{e}"))
-        })
-        .await?;
-        inner.wait_applied(last, Duration::from_secs(300)).await.context("load the bucket into memory")?;
-        {
-            let mut t = inner.table();
-            // Compaction may have removed the newest messages (a trailing deletion): the store
-            // is at least at the compact revision.
-            t.advance(compacted);
-            // Keys whose history the bucket's per-key limit may have cut: reads below their
-            // oldest kept version would be wrong, so they count as compacted.
-            let floor = t.oldest_full_history(cfg.rev_history as usize);
-            t.set_compacted(floor);
-        }
+        let (revision, messages) = tokio::time::timeout(Duration::from_secs(300), loaded)
+            .await
+            .map_err(|_| anyhow!("load the bucket into memory: not done within 300 s"))?
+            .map_err(|_| anyhow!("load the bucket into memory: stopped"))?;
         tracing::info!(
             bucket = %cfg.bucket,
-            revision = last,
-            messages = info.state.messages,
+            revision,
+            messages,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "NATS bucket loaded"
         );
@@ -312,6 +330,10 @@ impl Inner {
         Ok(())
     }
 
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
     async fn wait_applied(&self, seq: Revision, limit: Duration) -> Result<()> {
         let mut rx = self.applied.subscribe();
         match tokio::time::timeout(limit, rx.wait_for(|a| *a >= seq)).await {
@@ -321,44 +343,24 @@ impl Inner {
         }
     }
 
-    /// Linearizability: wait until the replica holds everything the stream leader has.
+    /// Linearizability: wait until the replica holds everything the stream leader holds now.
+    /// Costs one shared request to the leader (see `barrier`), whatever the bucket holds.
     async fn barrier(&self) -> Result<()> {
         self.check_open()?;
         let started = Instant::now();
-        let last = self.last_message().await?;
-        if self.wait_applied(last, Duration::from_secs(1)).await.is_err() {
-            // Connected, yet the replica is behind: its consumer may have stopped delivering.
-            self.resync.notify_one();
-            self.wait_applied(last, NATS_TIMEOUT).await?;
-        }
+        let last = self.rounds.stream_state().await?.last;
+        self.target.send_if_modified(|t| {
+            let newer = last > *t;
+            *t = (*t).max(last);
+            newer
+        });
+        let remaining = NATS_TIMEOUT.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
+        self.wait_applied(last, remaining).await?;
         let elapsed = started.elapsed();
         if elapsed >= self.slow {
             tracing::warn!(elapsed_ms = elapsed.as_millis() as u64, "slow NATS read barrier");
         }
         Ok(())
-    }
-
-    /// The sequence of the stream's newest message that still exists, asked of the stream
-    /// leader. (The stream's `last_sequence` may name a message that compaction removed, which
-    /// no consumer will ever deliver.)
-    /// While the NATS cluster elects a leader the request is retried, within the usual time
-    /// budget, before it fails with `Unavailable`.
-    async fn last_message(&self) -> Result<Revision> {
-        const WHAT: &str = "read the stream's last message";
-        let filter = format!("$KV.{}.>", self.bucket);
-        let deadline = Instant::now() + NATS_TIMEOUT;
-        loop {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(remaining, self.stream.get_last_raw_message_by_subject(&filter)).await {
-                Ok(Ok(msg)) => return Ok(msg.sequence as Revision),
-                Ok(Err(e)) if transient(&e.to_string()) && remaining > Duration::from_millis(200) => {
-                    tracing::debug!(error = %e, "{WHAT}: retrying");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Ok(Err(e)) => return Err(unavailable(format!("{WHAT}: {e}"))),
-                Err(_) => return Err(unavailable(format!("{WHAT}: timed out after {NATS_TIMEOUT:?}"))),
-            }
-        }
     }
 
     /// Evaluates a write on the replica: the outcome, the revision it was evaluated at, and
@@ -416,12 +418,23 @@ impl Inner {
                 }
             }
             let subject = message::subject(&self.bucket, &event.kv.key);
+            let sent = match tokio::time::timeout(NATS_TIMEOUT, self.js.publish_with_headers(subject, headers, payload))
+                .await
+            {
+                Ok(Ok(future)) => future,
+                // Larger than the server's max_payload: a size error, never an outage (an
+                // unfinished batch is dropped by the server).
+                Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded => {
+                    return Err(Error::RequestTooLarge);
+                }
+                Ok(Err(e)) => return Err(unavailable(format!("publish: {e}"))),
+                Err(_) => return Err(unavailable(format!("publish: timed out after {NATS_TIMEOUT:?}"))),
+            };
             if batch_id.is_some() && i + 1 < events.len() {
                 // Batch members before the commit are not acknowledged one by one.
-                timed("publish", self.js.publish_with_headers(subject, headers, payload)).await?;
                 continue;
             }
-            let future = timed("publish", self.js.publish_with_headers(subject, headers, payload)).await?;
+            let future = sent;
             ack = Some(match tokio::time::timeout(NATS_TIMEOUT, future).await {
                 Ok(Ok(ack)) => ack,
                 Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => return Ok(None),
@@ -629,7 +642,15 @@ impl Backend for NatsBackend {
     }
 
     async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
-        self.inner.barrier().await?;
+        // A serializable read is served by this node as it stands, as etcd serves it from a
+        // member without asking the leader (possibly stale, never half-applied).
+        if req.serializable {
+            if self.inner.is_closed() {
+                return Err(Error::Unavailable("etcdserver: server stopped".into()));
+            }
+        } else {
+            self.inner.barrier().await?;
+        }
         let mut t = self.inner.table();
         let Revisions { current, compacted } = t.revisions();
         let rev = range::read_revision(req.revision, current, compacted)?;

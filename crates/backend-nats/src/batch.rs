@@ -82,6 +82,7 @@ impl Assembler {
     }
 
     /// The sequence of the pending batch's last member, if one is pending.
+    #[cfg(test)]
     pub fn pending_end(&self) -> Option<Revision> {
         self.pending.as_ref().map(|p| p.end)
     }

@@ -21,6 +21,8 @@ pub struct NatsConfig {
     pub credentials: Credentials,
     pub bucket: String,
     pub replicas: usize,
+    /// The stream's per-key message limit; 0: none (history is kept until compaction, as in
+    /// etcd).
     pub rev_history: i64,
     pub slow_method: Duration,
     pub context_file: Option<PathBuf>,
@@ -31,6 +33,10 @@ pub struct NatsConfig {
     pub server_config: Option<PathBuf>,
     pub stdout_logging: bool,
     pub data_dir: Option<PathBuf>,
+    /// Embedded: JetStream fsyncs every message before acknowledging it (`syncAlways`).
+    pub sync_always: bool,
+    /// Embedded: JetStream fsyncs this often (`syncInterval`; nats-server's default is 2 min).
+    pub sync_interval: Option<Duration>,
 }
 
 impl Default for NatsConfig {
@@ -40,7 +46,7 @@ impl Default for NatsConfig {
             credentials: Credentials::None,
             bucket: "kine".into(),
             replicas: 1,
-            rev_history: 10,
+            rev_history: 0,
             slow_method: Duration::from_millis(500),
             context_file: None,
             creds_file: None,
@@ -49,6 +55,8 @@ impl Default for NatsConfig {
             server_config: None,
             stdout_logging: false,
             data_dir: None,
+            sync_always: false,
+            sync_interval: None,
         }
     }
 }
@@ -148,6 +156,9 @@ pub fn parse(endpoint: &str, parse_duration: impl Fn(&str) -> Result<Duration, S
     if cfg.context_file.is_some() && !cfg.servers.is_empty() {
         return Err(err(endpoint, "contextFile names the servers; do not give a host in the URL as well"));
     }
+    if cfg.sync_always && cfg.sync_interval.is_some() {
+        return Err(err(endpoint, "give syncAlways or syncInterval, not both"));
+    }
     Ok(cfg)
 }
 
@@ -192,7 +203,15 @@ fn parse_params(
                 cfg.bucket = value;
             }
             "replicas" => cfg.replicas = in_range(endpoint, name, &value, 1, 5)? as usize,
-            "revHistory" => cfg.rev_history = in_range(endpoint, name, &value, 2, 64)?,
+            "revHistory" => {
+                cfg.rev_history = in_range(endpoint, name, &value, 0, 1_000_000)?;
+                if cfg.rev_history == 1 {
+                    return Err(err(
+                        endpoint,
+                        "revHistory=1 keeps no history: use 0 (no limit, the default) or 2 or more",
+                    ));
+                }
+            }
             "slowMethod" => {
                 cfg.slow_method =
                     parse_duration(&value).map_err(|e| err(endpoint, format!("slowMethod={value}: {e}")))?;
@@ -204,6 +223,15 @@ fn parse_params(
             "serverConfig" => cfg.server_config = path()?,
             "stdoutLogging" => cfg.stdout_logging = flag()?,
             "dataDir" => cfg.data_dir = path()?,
+            "syncAlways" => cfg.sync_always = flag()?,
+            "syncInterval" => {
+                let interval =
+                    parse_duration(&value).map_err(|e| err(endpoint, format!("syncInterval={value}: {e}")))?;
+                if interval.is_zero() {
+                    return Err(err(endpoint, "syncInterval must be more than 0 (syncAlways fsyncs every write)"));
+                }
+                cfg.sync_interval = Some(interval);
+            }
             other => return Err(err(endpoint, format!("unknown nats parameter {other:?}"))),
         }
     }
@@ -221,7 +249,7 @@ mod tests {
     #[test]
     fn kine_formats() {
         let c = parse("nats://", dur).unwrap();
-        assert_eq!((c.servers.len(), c.bucket.as_str(), c.replicas, c.rev_history), (0, "kine", 1, 10));
+        assert_eq!((c.servers.len(), c.bucket.as_str(), c.replicas, c.rev_history), (0, "kine", 1, 0));
         let c =
             parse("nats://u:p%40ss@h1:4222,nats://h2:4223?bucket=k8s&replicas=3&revHistory=20&slowMethod=250ms", dur)
                 .unwrap();
@@ -247,6 +275,11 @@ mod tests {
         assert!(e("nats://h?replicas=7").contains("replicas=7"));
         assert!(e("nats://h?replicas=x").contains("replicas=x"));
         assert!(e("nats://h?revHistory=1").contains("revHistory=1"));
+        assert!(e("nats://?syncAlways&syncInterval=5ms").contains("not both"));
+        assert!(e("nats://?syncInterval=0ms").contains("syncInterval must be more than 0"));
+        let c = parse("nats://?syncInterval=50ms", dur).unwrap();
+        assert_eq!((c.sync_always, c.sync_interval), (false, Some(Duration::from_millis(50))));
+        assert!(parse("nats://?syncAlways", dur).unwrap().sync_always);
         assert!(e("nats://h?slowMethod=soon").contains("slowMethod=soon"));
         assert!(e("nats://h?bucket=a.b").contains("bucket="));
         assert!(e("nats://h?colour=blue").contains("unknown nats parameter \"colour\""));

@@ -8,7 +8,7 @@ use std::sync::Arc;
 async fn open(server: &NatsServer, bucket: &str) -> Arc<dyn Backend> {
     let endpoint = format!("{}?bucket={bucket}", server.url());
     let config = kine_backend_nats::config::parse(&endpoint, |_| Ok(std::time::Duration::from_millis(500))).unwrap();
-    Arc::new(NatsBackend::open(NatsOptions { config, tls: Default::default() }).await.expect("open nats backend"))
+    Arc::new(NatsBackend::open(NatsOptions::new(config)).await.expect("open nats backend"))
 }
 
 kine_testkit::contract_tests!(
@@ -217,6 +217,11 @@ async fn outage_fails_fast_and_recovers() {
     assert!(started.elapsed() < std::time::Duration::from_secs(6), "failed in {:?}", started.elapsed());
     let r = s.range(kine_core::request::RangeRequest::new(kine_core::KeyRange::single("a"))).await;
     assert!(matches!(r, Err(Error::Unavailable(_))), "{r:?}");
+    // A serializable read is served by the node as it stands, as etcd does.
+    let mut serializable = kine_core::request::RangeRequest::new(kine_core::KeyRange::single("a"));
+    serializable.serializable = true;
+    let r = s.range(serializable).await.expect("a serializable read during an outage");
+    assert_eq!((r.value.kvs[0].value.as_slice(), r.value.kvs[0].mod_revision), (b"1".as_slice(), 2));
     server.restart();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     // Retry an update conditional on revision 2, so that an attempt whose acknowledgement was

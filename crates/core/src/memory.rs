@@ -126,9 +126,20 @@ impl MemTable {
         out
     }
 
-    /// Replica use: the number of versions held per key (to detect truncated histories).
-    pub fn oldest_full_history(&self, limit: usize) -> Revision {
-        self.keys.values().filter(|h| h.len() >= limit).filter_map(|h| h.first().map(|(r, _)| *r)).max().unwrap_or(0)
+    /// Replica use, after loading a log that compaction at `compacted` trimmed: the revision
+    /// below which some key's history is incomplete for another reason (a per-key message limit,
+    /// a purge by hand). Compaction keeps each key's newest version at or below its revision
+    /// unless that is a deletion, so a key whose oldest version held is above `compacted` must
+    /// start with a creation; a deletion or a later version there means older versions are
+    /// missing, and reads below it would be wrong.
+    pub fn history_floor(&self, compacted: Revision) -> Revision {
+        self.keys
+            .values()
+            .filter_map(|h| h.first())
+            .filter(|(rev, kv)| *rev > compacted && kv.as_ref().is_none_or(|kv| kv.version > 1))
+            .map(|(rev, _)| *rev)
+            .max()
+            .unwrap_or(0)
     }
 
     pub fn revisions(&self) -> Revisions {
@@ -380,5 +391,42 @@ impl Backend for MemoryBackend {
     }
     async fn close(&self) {
         self.table.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, rev: Revision, version: i64) -> Event {
+        let kv = KeyValue { key: key.into(), create_revision: rev, mod_revision: rev, version, ..Default::default() };
+        Event { kind: EventKind::Put, kv, prev_kv: None }
+    }
+
+    fn delete(key: &str, rev: Revision) -> Event {
+        Event {
+            kind: EventKind::Delete,
+            kv: KeyValue { key: key.into(), mod_revision: rev, ..Default::default() },
+            prev_kv: None,
+        }
+    }
+
+    #[test]
+    fn history_floor_finds_histories_cut_above_the_compact_revision() {
+        let mut t = MemTable::at(0);
+        // "a": kept at the compact revision 5, then updated: complete.
+        t.apply_committed(4, vec![put("a", 4, 3)]);
+        t.apply_committed(7, vec![put("a", 7, 4)]);
+        // "b": created after the compaction: complete.
+        t.apply_committed(8, vec![put("b", 8, 1)]);
+        assert_eq!(t.history_floor(5), 0);
+        // "c": its oldest version held is version 6, above the compact revision: older ones
+        // were dropped.
+        t.apply_committed(9, vec![put("c", 9, 6)]);
+        // "d": starts with a deletion above the compact revision: its versions are missing.
+        t.apply_committed(10, vec![delete("d", 10)]);
+        assert_eq!(t.history_floor(5), 10);
+        assert_eq!(t.history_floor(9), 10);
+        assert_eq!(t.history_floor(10), 0);
     }
 }

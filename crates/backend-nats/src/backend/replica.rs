@@ -1,150 +1,406 @@
-//! The replica: one ordered consumer over the whole bucket, applying messages in stream order
-//! to the in-memory table and publishing them to the watch feed.
+//! The replica: the bucket's stream loaded into a [`MemTable`], then followed message by
+//! message, feeding the watch fan-out.
+//!
+//! **Invariant:** the replica applies the stream's messages in sequence order, each exactly
+//! once, and never passes a sequence it has not accounted for. A consumer is served by one NATS
+//! server, whose copy of the stream can be behind or being rebuilt after a restart, so what it
+//! delivers is checked, never trusted:
+//! - a sequence already applied is a duplicate and is dropped;
+//! - a sequence beyond the next expected one is a gap, and the stream leader is asked whether
+//!   anything exists in it. If something does, the consumer skipped it: that is logged as an
+//!   error, nothing is applied, and a new consumer reads again from the expected sequence. If
+//!   nothing does, those messages were removed before this replica saw them (compaction by
+//!   another node, a purge), so the table may hold versions that no longer tell the truth (a
+//!   deletion it never saw): it is loaded again, with reads and watches below the hole failing
+//!   with "compacted" (watches are cancelled with `compact_revision`, as etcd does).
+//!
+//! While it loads, the table is private; it is checked before it is served: the leader's count
+//! of messages must equal what the consumer delivered, unless messages were removed meanwhile,
+//! in which case the load starts again (or, with a per-key history limit that removes messages
+//! all the time, each gap is checked with the leader instead).
 
-use super::{Inner, NATS_TIMEOUT};
-use crate::batch::{Assembler, Ready};
+use super::Inner;
+use super::consumer::{Cursor, Next};
+use super::leader::{self, StreamState};
+use crate::batch::{Assembler, MessageSeqs, Ready};
 use crate::message::{self, Decoded};
-use async_nats::jetstream::{consumer, stream};
+use async_nats::jetstream;
 use futures_util::StreamExt;
-use kine_core::Revision;
+use kine_core::memory::MemTable;
+use kine_core::view::WriteView;
+use kine_core::{KeyRange, Revision, RevisionEvents};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
-/// How long the replica waits in the middle of a batch, with nothing delivered, before it asks
-/// the stream whether the batch's missing members were purged.
-const BATCH_RECHECK: Duration = Duration::from_millis(500);
+/// How long the consumer may deliver nothing before the replica looks at the leader.
+const IDLE: Duration = Duration::from_millis(250);
+/// Pause after a failed NATS request.
+const RETRY: Duration = Duration::from_millis(200);
+/// How long a load insists on a stream that nothing was removed from while it was read, before
+/// it settles for checking every gap with the leader.
+const STRICT_LOAD: Duration = Duration::from_secs(30);
+/// How often a lasting failure to read the stream is logged at warn.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+/// Gap checks in flight while a load is verified.
+const GAP_CHECKS: usize = 64;
 
-pub(super) async fn replicate(inner: Arc<Inner>, first: u64) {
-    let mut start = first;
-    let mut batches = Assembler::default();
-    let filter = format!("$KV.{}.>", inner.bucket);
+/// Where the replica stands in the stream.
+struct Position {
+    /// The next sequence to apply.
+    next: Revision,
+    batches: Assembler,
+}
+
+/// A table being built from the stream.
+struct Loading {
+    table: MemTable,
+    seqs: MessageSeqs,
+    position: Position,
+    /// Ranges of sequences (inclusive) that the consumer did not deliver.
+    gaps: Vec<(Revision, Revision)>,
+}
+
+/// Loads the bucket, tells `ready`, then follows it until the backend closes.
+pub(super) async fn replicate(inner: Arc<Inner>, ready: oneshot::Sender<(Revision, u64)>) {
+    let mut cursor = Cursor::new(inner.stream.clone(), inner.filter.clone());
+    let mut ready = Some(ready);
+    let mut hole = 0;
     loop {
-        if inner.closed.load(Ordering::SeqCst) {
-            return;
+        let Some((loaded, messages)) = load(&inner, &mut cursor, hole).await else { return };
+        let position = install(&inner, loaded);
+        match ready.take() {
+            Some(ready) => {
+                let _ = ready.send((position.next - 1, messages));
+            }
+            None => tracing::warn!(revision = position.next - 1, "NATS bucket loaded again"),
         }
-        let config = consumer::pull::OrderedConfig {
-            filter_subject: filter.clone(),
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence { start_sequence: start },
-            ..Default::default()
-        };
-        let messages = match inner.stream.create_consumer(config).await {
-            Ok(c) => c.messages().await.map_err(|e| anyhow::anyhow!("{e}")),
-            Err(e) => Err(anyhow::anyhow!("{e}")),
-        };
-        let mut messages = match messages {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot start the bucket consumer; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        loop {
-            let msg = tokio::select! {
-                msg = messages.next() => msg,
-                _ = inner.resync.notified() => {
-                    tracing::debug!(from = start, "re-creating the bucket consumer");
-                    break;
-                }
-                // Nothing arrives in the middle of a batch: its remaining members may have been
-                // purged (a trailing deletion compacted away at the end of the stream).
-                _ = tokio::time::sleep(BATCH_RECHECK), if batches.pending_end().is_some() => {
-                    finish_purged_batch(&inner, &mut batches, start as Revision - 1, &filter).await;
-                    continue;
-                }
-            };
-            let Some(msg) = msg else { break };
-            let msg = match msg {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(error = %e, "bucket consumer failed; resuming");
-                    break;
-                }
-            };
-            let Ok(info) = msg.info() else { continue };
-            let seq = info.stream_sequence as Revision;
-            let decoded = message::decode(&inner.bucket, msg.subject.as_str(), msg.headers.as_ref(), &msg.payload, seq);
-            let mut ready: Vec<Ready> = batches.passed(seq).into_iter().collect();
-            let mut marker = false;
-            match decoded {
-                Decoded::Change(event) => match message::batch_position(msg.headers.as_ref()) {
-                    Some(position) => ready.extend(batches.push(seq, event, position)),
-                    None => ready.push(Ready::single(seq, event)),
-                },
-                Decoded::Init => marker = true,
-                Decoded::Foreign(what) => {
-                    tracing::warn!(sequence = seq, "ignoring a message kine-rs did not write: {what}");
-                    marker = true;
-                }
-            }
-            // Waking every waiter per message costs more than applying it during a bulk load:
-            // while the consumer still has messages pending, advance silently and wake every
-            // 4096 messages; once caught up, wake on each one.
-            let wake = info.pending == 0 || seq % 4096 == 0;
-            apply(&inner, ready, marker.then_some(seq), seq, &batches, wake);
-            start = seq as u64 + 1;
-            if info.pending == 0 && batches.pending_end().is_some() {
-                finish_purged_batch(&inner, &mut batches, seq, &filter).await;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Some((from, to)) = follow(&inner, &mut cursor, position).await else { return };
+        tracing::warn!(
+            from,
+            to,
+            "messages this node never saw were removed from the stream (compacted by another node?); \
+             loading the bucket again, older revisions count as compacted"
+        );
+        hole = to;
     }
 }
 
-/// Applies `ready` changes to the table, records that the replica has applied up to `seq`
-/// (never beyond a batch still being collected), then publishes the events: applied first,
-/// published second (see the Backend invariants).
-fn apply(inner: &Inner, ready: Vec<Ready>, marker: Option<Revision>, seq: Revision, batches: &Assembler, wake: bool) {
-    let mut published = Vec::with_capacity(ready.len());
-    {
-        let mut t = inner.table();
-        let mut seqs = inner.seqs();
-        for r in ready {
-            let revision = r.revision;
-            let events = r.into_events(&mut seqs);
-            published.push(t.apply_committed(revision, events));
-        }
-        if let Some(seq) = marker {
-            t.advance(seq);
+/// Applies one message to a table. Returns the revisions completed by it (a message completes
+/// its own revision, or a batch's; one that cuts an earlier batch short completes that too).
+fn take(
+    bucket: &str,
+    table: &mut MemTable,
+    seqs: &mut MessageSeqs,
+    batches: &mut Assembler,
+    msg: &jetstream::Message,
+    seq: Revision,
+) -> Vec<RevisionEvents> {
+    let decoded = message::decode(bucket, msg.subject.as_str(), msg.headers.as_ref(), &msg.payload, seq);
+    let mut ready: Vec<Ready> = batches.passed(seq).into_iter().collect();
+    let mut marker = false;
+    match decoded {
+        Decoded::Change(event) => match message::batch_position(msg.headers.as_ref()) {
+            Some(position) => ready.extend(batches.push(seq, event, position)),
+            None => ready.push(Ready::single(seq, event)),
+        },
+        Decoded::Init => marker = true,
+        Decoded::Foreign(what) => {
+            tracing::warn!(sequence = seq, "ignoring a message kine-rs did not write: {what}");
+            marker = true;
         }
     }
-    let applied = batches.applied_limit().map_or(seq, |limit| limit.min(seq));
+    let mut completed = Vec::with_capacity(ready.len());
+    for r in ready {
+        let revision = r.revision;
+        let events = r.into_events(seqs);
+        completed.push(table.apply_committed(revision, events));
+    }
+    if marker {
+        table.advance(seq);
+    }
+    completed
+}
+
+/// Loads the stream into a new table, again and again until one load is verified. `None` once
+/// the backend closed.
+async fn load(inner: &Inner, cursor: &mut Cursor, hole: Revision) -> Option<(Loading, u64)> {
+    let started = Instant::now();
+    loop {
+        if inner.is_closed() {
+            return None;
+        }
+        let strict = !inner.history_limited && started.elapsed() < STRICT_LOAD;
+        match load_once(inner, cursor, hole, strict).await {
+            Ok(loaded) => return Some(loaded),
+            Err(e) => {
+                if inner.is_closed() {
+                    return None;
+                }
+                tracing::info!(error = %e, "loading the NATS bucket again");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+async fn load_once(inner: &Inner, cursor: &mut Cursor, hole: Revision, strict: bool) -> Result<(Loading, u64), String> {
+    let before = leader::stream_state(&inner.stream).await.map_err(|e| e.to_string())?;
+    cursor.reset();
+    let mut st = Loading {
+        table: MemTable::at(0),
+        seqs: MessageSeqs::default(),
+        position: Position { next: 1, batches: Assembler::default() },
+        gaps: Vec::new(),
+    };
+    // The leader's state once the consumer had nothing more pending: the load is complete
+    // when it has passed that state's last sequence.
+    let mut target: Option<StreamState> = None;
+    let mut idle = 0;
+    let after = loop {
+        match cursor.next(st.position.next, IDLE).await {
+            Next::Message(m) => {
+                idle = 0;
+                let Ok(info) = m.info() else {
+                    cursor.reset();
+                    continue;
+                };
+                let seq = info.stream_sequence as Revision;
+                let next = st.position.next;
+                if seq < next {
+                    continue;
+                }
+                if seq > next {
+                    st.gaps.push((next, seq - 1));
+                }
+                take(&inner.bucket, &mut st.table, &mut st.seqs, &mut st.position.batches, &m, seq);
+                st.position.next = seq + 1;
+                if target.is_none() && info.pending == 0 {
+                    target = Some(leader::stream_state(&inner.stream).await.map_err(|e| e.to_string())?);
+                }
+            }
+            Next::Idle => {
+                idle += 1;
+                if target.is_none() {
+                    target = Some(leader::stream_state(&inner.stream).await.map_err(|e| e.to_string())?);
+                }
+            }
+            Next::Failed(e) => {
+                if inner.is_closed() {
+                    return Err("closed".into());
+                }
+                tracing::debug!(error = %e, "loading the bucket: consumer failed");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        }
+        let Some(t) = target else { continue };
+        if st.position.next > t.last {
+            break t;
+        }
+        if idle >= 2 {
+            // Nothing delivered for a while, yet the leader named later messages: they were
+            // removed since (a deletion at the end of the stream, compacted), or the consumer
+            // stalled.
+            idle = 0;
+            match leader::first_at_or_after(&inner.stream, &inner.filter, st.position.next)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                Some(seq) if seq <= t.last => cursor.reset(),
+                _ => {
+                    st.gaps.push((st.position.next, t.last));
+                    st.position.next = t.last + 1;
+                    break t;
+                }
+            }
+        }
+    };
+    verify(inner, &st.gaps, before, after, strict).await?;
+    // A batch still open ends within what the leader holds: its missing members were removed.
+    if let Some(r) = st.position.batches.finish() {
+        let revision = r.revision;
+        let events = r.into_events(&mut st.seqs);
+        st.table.apply_committed(revision, events);
+    }
+    // The compact revision, read after the load: a compaction records it before it removes
+    // anything, so every removal this load saw is covered by it.
+    let compacted = leader::compact_revision(&inner.meta).await.map_err(|e| e.to_string())?;
+    st.table.advance(after.last.max(compacted));
+    let floor = compacted.max(hole).max(st.table.history_floor(compacted));
+    st.table.set_compacted(floor);
+    Ok((st, after.messages))
+}
+
+/// Checks that the consumer delivered every message that exists up to `after.last`.
+async fn verify(
+    inner: &Inner,
+    gaps: &[(Revision, Revision)],
+    before: StreamState,
+    after: StreamState,
+    strict: bool,
+) -> Result<(), String> {
+    let missing: i64 = gaps.iter().filter(|(a, _)| *a <= after.last).map(|(a, b)| (*b).min(after.last) - a + 1).sum();
+    let delivered = (after.last - missing) as u64;
+    let removed = (before.messages + (after.last - before.last) as u64) != after.messages;
+    if !removed && delivered == after.messages {
+        return Ok(());
+    }
+    if strict {
+        return Err(format!(
+            "messages were removed from the stream while it was read (delivered {delivered}, the stream holds {})",
+            after.messages
+        ));
+    }
+    // Ask the leader about every gap: the first message at or after its start must lie beyond it.
+    let checks = futures_util::stream::iter(gaps.iter().copied().filter(|(a, _)| *a <= after.last))
+        .map(|(a, b)| async move {
+            match leader::first_at_or_after(&inner.stream, &inner.filter, a).await {
+                Ok(Some(seq)) if seq <= b => Err(format!("the consumer skipped message {seq}")),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .buffer_unordered(GAP_CHECKS);
+    futures_util::pin_mut!(checks);
+    while let Some(check) = checks.next().await {
+        check?;
+    }
+    Ok(())
+}
+
+/// Serves a loaded table: swaps it in (keeping the leases, which come from `<bucket>-meta`),
+/// and publishes its newest revision, so that watch sessions behind it read what they miss
+/// from the new table, or are cancelled as compacted.
+fn install(inner: &Inner, loaded: Loading) -> Position {
+    let Loading { mut table, seqs, position, .. } = loaded;
+    let current = {
+        let mut t = inner.table();
+        for (id, ttl) in t.lease_list() {
+            let _ = table.insert_lease(id, ttl);
+        }
+        *t = table;
+        *inner.seqs() = seqs;
+        t.revision()
+    };
+    let newest = inner
+        .table()
+        .events(&KeyRange::all(), current - 1, current)
+        .ok()
+        .and_then(|mut batches| batches.pop())
+        .unwrap_or(RevisionEvents { revision: current, events: Vec::new() });
+    inner.applied.send_modify(|a| *a = (*a).max(current));
+    let _ = inner.feed.send(Arc::new(newest));
+    position
+}
+
+/// Follows the stream from `position`. Returns the range of a hole (messages removed before
+/// this replica saw them: the table must be loaded again), or `None` once the backend closed.
+async fn follow(inner: &Inner, cursor: &mut Cursor, mut position: Position) -> Option<(Revision, Revision)> {
+    let mut idle = 0;
+    let mut failing: Option<Instant> = None;
+    let mut warned: Option<Instant> = None;
+    loop {
+        if inner.is_closed() {
+            return None;
+        }
+        match cursor.next(position.next, IDLE).await {
+            Next::Message(m) => {
+                idle = 0;
+                if let Some(since) = failing.take()
+                    && warned.take().is_some()
+                {
+                    tracing::info!(after_s = since.elapsed().as_secs(), "reading the bucket from NATS again");
+                }
+                let Ok(info) = m.info() else {
+                    cursor.reset();
+                    continue;
+                };
+                let seq = info.stream_sequence as Revision;
+                if seq < position.next {
+                    tracing::debug!(sequence = seq, "dropping a message delivered twice");
+                    continue;
+                }
+                if seq > position.next {
+                    match leader::first_at_or_after(&inner.stream, &inner.filter, position.next).await {
+                        Ok(Some(exists)) if exists < seq => {
+                            tracing::error!(
+                                expected = position.next,
+                                delivered = seq,
+                                skipped = exists,
+                                "the NATS consumer skipped messages that exist; nothing after {} is applied or served \
+                                 until they are read again",
+                                position.next - 1
+                            );
+                            cursor.reset();
+                            tokio::time::sleep(RETRY).await;
+                            continue;
+                        }
+                        Ok(_) => return Some((position.next, seq - 1)),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "cannot check a gap in the stream yet");
+                            cursor.reset();
+                            tokio::time::sleep(RETRY).await;
+                            continue;
+                        }
+                    }
+                }
+                let wake = info.pending == 0 || seq % 4096 == 0;
+                apply(inner, &mut position, &m, seq, wake);
+            }
+            Next::Idle => {
+                // Behind the leader with nothing delivered: the consumer stalled, or the missing
+                // messages were removed.
+                let target = *inner.target.borrow();
+                if target < position.next {
+                    idle = 0;
+                    continue;
+                }
+                idle += 1;
+                if idle < 2 {
+                    continue;
+                }
+                idle = 0;
+                match leader::first_at_or_after(&inner.stream, &inner.filter, position.next).await {
+                    Ok(Some(seq)) if seq <= target => {
+                        tracing::debug!(next = position.next, "the bucket consumer stalled; re-creating it");
+                        cursor.reset();
+                    }
+                    Ok(_) => return Some((position.next, target)),
+                    Err(e) => tracing::debug!(error = %e, "cannot read the stream's leader"),
+                }
+            }
+            Next::Failed(e) => {
+                // Expected for a moment while a server restarts; worth a warning when it lasts.
+                let since = *failing.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_secs(5) && warned.is_none_or(|w| w.elapsed() >= WARN_EVERY) {
+                    warned = Some(Instant::now());
+                    tracing::warn!(error = %e, failing_s = since.elapsed().as_secs(), "cannot read the bucket from NATS; retrying");
+                } else {
+                    tracing::debug!(error = %e, "cannot read the bucket from NATS; retrying");
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+/// Applies one message to the served table, records the sequence applied (never beyond a batch
+/// still being collected), then publishes the completed revisions: applied first, published
+/// second (the `Backend` invariant).
+fn apply(inner: &Inner, position: &mut Position, msg: &jetstream::Message, seq: Revision, wake: bool) {
+    let completed = {
+        let mut t = inner.table();
+        let mut seqs = inner.seqs();
+        take(&inner.bucket, &mut t, &mut seqs, &mut position.batches, msg, seq)
+    };
+    position.next = seq + 1;
+    let applied = position.batches.applied_limit().map_or(seq, |limit| limit.min(seq));
     inner.applied.send_if_modified(|a| {
         *a = (*a).max(applied);
         wake
     });
-    for ev in published {
+    for ev in completed {
         let _ = inner.feed.send(Arc::new(ev));
-    }
-}
-
-/// The replica delivered everything up to `seq` in the middle of a batch. If the batch's
-/// missing members were purged, it is complete as it is: apply it.
-async fn finish_purged_batch(inner: &Inner, batches: &mut Assembler, seq: Revision, filter: &str) {
-    let Some(end) = batches.pending_end() else { return };
-    if rest_purged(inner, seq, end, filter).await {
-        let ready = batches.finish().into_iter().collect();
-        apply(inner, ready, None, seq, batches, true);
-    }
-}
-
-/// Whether no message after `seq` up to `end` exists, or ever will. The stream must first have
-/// reached `end` (every member that exists is stored by then; a consumer can deliver a batch's
-/// first members before the rest is stored), and only then may no message be found in
-/// `(seq, end]`: asked in that order, a member stored in between cannot be missed.
-async fn rest_purged(inner: &Inner, seq: Revision, end: Revision, filter: &str) -> bool {
-    match tokio::time::timeout(NATS_TIMEOUT, inner.stream.get_info()).await {
-        Ok(Ok(info)) if info.state.last_sequence as Revision >= end => {}
-        _ => return false,
-    }
-    let next =
-        tokio::time::timeout(NATS_TIMEOUT, inner.stream.get_first_raw_message_by_subject(filter, seq as u64 + 1));
-    match next.await {
-        // A later message exists; the consumer will deliver it (and `passed` ends the batch if
-        // it lies beyond `end`).
-        Ok(Ok(_)) => false,
-        Ok(Err(e)) => e.kind() == stream::LastRawMessageErrorKind::NoMessageFound,
-        Err(_) => false,
     }
 }

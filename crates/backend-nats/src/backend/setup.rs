@@ -7,7 +7,6 @@ use crate::message;
 use anyhow::{Context as _, anyhow, bail};
 use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
-use kine_core::Revision;
 use std::time::{Duration, Instant};
 
 /// How long start-up waits for JetStream to answer (a forming cluster, a leader election)
@@ -54,7 +53,7 @@ pub(super) async fn ensure_stream(js: &jetstream::Context, cfg: &NatsConfig) -> 
     let config = stream::Config {
         name: name.clone(),
         subjects: vec![format!("$KV.{}.>", cfg.bucket)],
-        max_messages_per_subject: cfg.rev_history,
+        max_messages_per_subject: if cfg.rev_history > 0 { cfg.rev_history } else { -1 },
         allow_rollup: true,
         allow_direct: true,
         allow_atomic_publish: true,
@@ -68,6 +67,15 @@ pub(super) async fn ensure_stream(js: &jetstream::Context, cfg: &NatsConfig) -> 
         Err(_) => js.create_stream(config).await.map_err(|e| anyhow!("create stream {name}: {e}"))?,
     };
     let info = stream.info().await.with_context(|| format!("read stream {name}"))?.clone();
+    let limit = info.config.max_messages_per_subject.max(0);
+    if limit != cfg.rev_history {
+        tracing::warn!(
+            stream = %name,
+            stream_limit = limit,
+            rev_history = cfg.rev_history,
+            "the stream's per-key message limit differs from revHistory (0: none); the stream's is used"
+        );
+    }
     if !info.config.allow_atomic_publish {
         tracing::warn!(stream = %name, "atomic batch publish is off on this stream; writes that change several keys will fail");
     }
@@ -114,15 +122,6 @@ pub(super) async fn ensure_meta(js: &jetstream::Context, cfg: &NatsConfig) -> an
     })
     .await
     .map_err(|e| anyhow!("create KV bucket {name}: {e}"))
-}
-
-pub(super) async fn read_compacted(meta: &jetstream::kv::Store) -> anyhow::Result<Revision> {
-    match meta.get("compact_revision").await.context("read the compact revision")? {
-        Some(v) => {
-            std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok()).context("compact_revision is not a number")
-        }
-        None => Ok(0),
-    }
 }
 
 pub(super) async fn load_leases(inner: &Inner) -> anyhow::Result<()> {
