@@ -54,18 +54,20 @@ async fn shutdown_embedded(embedded: Embedded) {
 #[cfg(feature = "embedded-nats")]
 async fn start_embedded(
     config: kine_backend_nats::config::NatsConfig,
+    max_request_bytes: usize,
     stop: &Shutdown,
 ) -> Result<(Embedded, kine_backend_nats::config::NatsConfig)> {
     if !endpoint::wants_embedded(&config) {
         return Ok((None, config));
     }
-    let (embedded, config) = crate::embedded::start(config, stop).await?;
+    let (embedded, config) = crate::embedded::start(config, max_request_bytes, stop).await?;
     Ok((Some(embedded), config))
 }
 
 #[cfg(not(feature = "embedded-nats"))]
 async fn start_embedded(
     config: kine_backend_nats::config::NatsConfig,
+    _max_request_bytes: usize,
     _stop: &Shutdown,
 ) -> Result<(Embedded, kine_backend_nats::config::NatsConfig)> {
     Ok((None, config))
@@ -93,8 +95,9 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
                 cert_file: cli.cert_file.clone(),
                 key_file: cli.key_file.clone(),
             };
-            let (embedded, config) = start_embedded(*config, stop).await?;
-            let options = kine_backend_nats::NatsOptions { config, tls };
+            let max_request_bytes = cli.max_request_bytes as usize;
+            let (embedded, config) = start_embedded(*config, max_request_bytes, stop).await?;
+            let options = kine_backend_nats::NatsOptions { config, tls, max_request_bytes };
             // Opening waits for NATS (connection, a forming cluster, loading the bucket): a
             // shutdown signal ends the wait.
             let mut stop = stop.clone();

@@ -62,9 +62,15 @@ fn absolute(path: PathBuf) -> PathBuf {
     if path.is_absolute() { path } else { std::env::current_dir().map(|d| d.join(&path)).unwrap_or(path) }
 }
 
+/// The embedded server's largest message: an etcd request of `--max-request-bytes` plus room
+/// for the subject and headers (nats-server's own default is 1 MiB).
+fn max_payload(max_request_bytes: usize) -> u32 {
+    (max_request_bytes + 64 * 1024).clamp(1 << 20, 64 << 20) as u32
+}
+
 /// Starts the server the endpoint asks for and waits until it is ready (a clustered JetStream
 /// waits for its quorum; `stop` ends the wait). Returns the config kine-rs connects with.
-pub async fn start(cfg: NatsConfig, stop: &Shutdown) -> Result<(Embedded, NatsConfig)> {
+pub async fn start(cfg: NatsConfig, max_request_bytes: usize, stop: &Shutdown) -> Result<(Embedded, NatsConfig)> {
     let (host, port) = match cfg.servers.first() {
         Some(hp) => split_host_port(hp)?,
         None => (None, None),
@@ -88,6 +94,9 @@ pub async fn start(cfg: NatsConfig, stop: &Shutdown) -> Result<(Embedded, NatsCo
         default_store_dir: absolute(PathBuf::from(DEFAULT_DATA_DIR)),
         credentials: credentials.clone(),
         stdout_logging: cfg.stdout_logging,
+        sync_always: cfg.sync_always,
+        sync_interval: cfg.sync_interval,
+        max_payload: Some(max_payload(max_request_bytes)),
     };
     let started = Instant::now();
     let server = tokio::task::spawn_blocking(move || kine_nats_embed::start(&options))
@@ -141,6 +150,12 @@ pub async fn start(cfg: NatsConfig, stop: &Shutdown) -> Result<(Embedded, NatsCo
         leafnode_listen = %info.leafnode_addr,
         leafnode_remotes = info.leafnode_remotes,
         store = %info.store_dir,
+        fsync = %if info.sync_always {
+            "always".to_string()
+        } else {
+            format!("{:?}", Duration::from_millis(info.sync_interval_ms.max(0) as u64))
+        },
+        max_payload = info.max_payload,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "embedded NATS server ready"
     );

@@ -27,6 +27,8 @@ fn check_nats(endpoint: &str, cfg: &kine_backend_nats::config::NatsConfig) -> Re
         ("serverConfig", cfg.server_config.is_some()),
         ("stdoutLogging", cfg.stdout_logging),
         ("dataDir", cfg.data_dir.is_some()),
+        ("syncAlways", cfg.sync_always),
+        ("syncInterval", cfg.sync_interval.is_some()),
     ];
     let embedded_param = embedded_only.iter().find(|(_, set)| *set).map(|(name, _)| *name);
     if wants_embedded(cfg) {

@@ -38,6 +38,9 @@ type startOptions struct {
 	Password        string `json:"password"`
 	Token           string `json:"token"`
 	StdoutLogging   bool   `json:"stdout_logging"`
+	SyncAlways      bool   `json:"sync_always"`
+	SyncIntervalMs  int64  `json:"sync_interval_ms"`
+	MaxPayload      int32  `json:"max_payload"`
 }
 
 // serverInfo is what Rust learns once the server is ready (JSON).
@@ -52,6 +55,9 @@ type serverInfo struct {
 	LeafAddr    string `json:"leafnode_addr"`
 	Remotes     int    `json:"leafnode_remotes"`
 	AuthSource  string `json:"auth_source"`
+	SyncAlways  bool   `json:"sync_always"`
+	SyncMs      int64  `json:"sync_interval_ms"`
+	MaxPayload  int32  `json:"max_payload"`
 }
 
 var (
@@ -143,6 +149,18 @@ func configure(req startOptions) (*server.Options, string, error) {
 		opts.StoreDir = req.StoreDir
 	} else if opts.StoreDir == "" {
 		opts.StoreDir = req.DefaultStoreDir
+	}
+	// Durability: fsync every message, or every interval (the URL's choice over the file's).
+	if req.SyncAlways {
+		opts.SyncAlways = true
+		opts.SyncInterval = 2 * time.Minute
+	} else if req.SyncIntervalMs > 0 {
+		opts.SyncAlways = false
+		opts.SyncInterval = time.Duration(req.SyncIntervalMs) * time.Millisecond
+	}
+	// Values as large as an etcd request may carry; a max_payload in the file wins.
+	if req.MaxPayload > 0 && opts.MaxPayload == 0 {
+		opts.MaxPayload = req.MaxPayload
 	}
 	source := "config"
 	if !hasAuth(opts) {
@@ -268,6 +286,8 @@ func KineNatsInfo() *C.char {
 		info.LeafAddr = net.JoinHostPort(o.LeafNode.Host, strconv.Itoa(o.LeafNode.Port))
 	}
 	info.Remotes = len(o.LeafNode.Remotes)
+	info.SyncAlways, info.SyncMs = o.SyncAlways, o.SyncInterval.Milliseconds()
+	info.MaxPayload = o.MaxPayload
 	out, _ := json.Marshal(info)
 	return cstr(string(out))
 }

@@ -34,6 +34,12 @@ pub struct Options {
     /// Applied only when the config file defines no client authentication.
     pub credentials: Credentials,
     pub stdout_logging: bool,
+    /// JetStream fsyncs every message before acknowledging it.
+    pub sync_always: bool,
+    /// JetStream's fsync period (nats-server's default: 2 minutes).
+    pub sync_interval: Option<Duration>,
+    /// The largest message the server accepts, unless the config file sets `max_payload`.
+    pub max_payload: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -49,6 +55,9 @@ struct StartRequest<'a> {
     password: &'a str,
     token: &'a str,
     stdout_logging: bool,
+    sync_always: bool,
+    sync_interval_ms: u64,
+    max_payload: u32,
 }
 
 /// What the running server reports about itself.
@@ -67,6 +76,12 @@ pub struct ServerInfo {
     pub leafnode_remotes: usize,
     /// `config` when the config file's authorization is in force, `url` when `credentials` are.
     pub auth_source: String,
+    /// JetStream fsyncs every message before acknowledging it.
+    pub sync_always: bool,
+    /// Otherwise, its fsync period.
+    pub sync_interval_ms: i64,
+    /// The largest message the server accepts (0: nats-server's default, 1 MiB).
+    pub max_payload: i32,
 }
 
 impl ServerInfo {
@@ -112,6 +127,9 @@ pub fn start(options: &Options) -> Result<EmbeddedServer, String> {
         password,
         token,
         stdout_logging: options.stdout_logging,
+        sync_always: options.sync_always,
+        sync_interval_ms: options.sync_interval.map_or(0, |d| d.as_millis().max(1) as u64),
+        max_payload: options.max_payload.unwrap_or(0),
     };
     let json = serde_json::to_string(&request).map_err(|e| e.to_string())?;
     if let Some(err) = ffi::start(&json) {

@@ -17,6 +17,9 @@ fn start_ready_shutdown_once() {
         default_store_dir: dir.clone(),
         credentials: Credentials::UserPassword("u".into(), "p".into()),
         stdout_logging: false,
+        sync_always: true,
+        sync_interval: None,
+        max_payload: Some(3 << 20),
     };
     let server = kine_nats_embed::start(&options).expect("start");
     assert_eq!(server.wait_ready(Duration::from_secs(20)), Readiness::Ready);
@@ -26,6 +29,8 @@ fn start_ready_shutdown_once() {
     assert_eq!(info.client_url, format!("nats://127.0.0.1:{}", info.listen_port));
     assert!(info.uses_given_credentials());
     assert!(info.store_dir.starts_with(dir.to_str().unwrap()), "{}", info.store_dir);
+    assert!(info.sync_always);
+    assert_eq!(info.max_payload, 3 << 20);
 
     // The given user and password are required.
     let connect = |creds: &str| {
