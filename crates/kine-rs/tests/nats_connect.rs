@@ -180,3 +180,29 @@ async fn wrong_credentials_fail_at_once() {
     assert!(log.contains("refused the credentials") && log.contains("authorization violation"), "{log}");
     assert!(started.elapsed() < std::time::Duration::from_secs(10), "took {:?}", started.elapsed());
 }
+
+/// A value larger than the external server's max_payload (nats-server's default, 1 MiB) is a
+/// size error with etcd's text, never an outage (Unavailable would make clients retry it), and
+/// kine-rs says at start that the server's limit is below etcd's; a server configured for
+/// etcd's sizes takes it.
+#[tokio::test]
+async fn values_above_the_servers_max_payload_are_too_large() {
+    let nats = NatsServer::start();
+    let server = Server::start(&["--endpoint", &format!("{}?noEmbed&bucket=sizes", nats.url())]);
+    assert!(server.log().contains("max_payload is below --max-request-bytes"), "{}", server.log());
+    let mut client = server.client().await;
+    let e = client.put("big", vec![b'x'; 1_400_000], None).await.unwrap_err();
+    match &e {
+        etcd_client::Error::GRpcStatus(s) => {
+            assert_eq!((s.code(), s.message()), (tonic::Code::InvalidArgument, "etcdserver: request is too large"))
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(client.get("big", None).await.unwrap().header().unwrap().revision(), 1, "nothing was written");
+    let nats = NatsServer::start_with_config("max_payload: 2MB\n");
+    let server = Server::start(&["--endpoint", &format!("{}?noEmbed&bucket=sizes", nats.url())]);
+    assert!(!server.log().contains("max_payload is below"), "{}", server.log());
+    let mut client = server.client().await;
+    client.put("big", vec![b'x'; 1_400_000], None).await.unwrap();
+    assert_eq!(client.get("big", None).await.unwrap().kvs()[0].value().len(), 1_400_000);
+}

@@ -89,6 +89,9 @@ async fn bare_nats_url_runs_an_embedded_server() {
     let mut server = Server::start_in(Some(dir.path()), &["--endpoint", "nats://"]);
     let log = server.log();
     assert!(log.contains("auth=\"per-process token\""), "{log}");
+    // nats-server's own fsync default, and room for etcd's largest request.
+    assert_eq!(log_field(&log, "embedded NATS server ready", "fsync"), "120s");
+    assert_eq!(log_field(&log, "embedded NATS server ready", "max_payload"), (1536 * 1024 + 65536).to_string());
     let addr = nats_addr(&server);
     assert!(addr.starts_with("127.0.0.1:"), "default listen address must be loopback: {addr}");
     assert!(dir.path().join("db/nats/jetstream").is_dir(), "JetStream store not under ./db/nats");
@@ -124,6 +127,31 @@ async fn bare_nats_url_runs_an_embedded_server() {
     let mut client = server.client().await;
     let got = client.get("a", None).await.unwrap();
     assert_eq!((got.header().unwrap().revision(), got.kvs()[0].value()), (2, &b"1"[..]));
+}
+
+/// `syncAlways` makes the embedded JetStream fsync every write before it acknowledges it.
+/// Values as large as etcd takes are stored (1.4 MB: the embedded server's max_payload is
+/// raised for them); a larger request gets etcd's own answer, and nothing is written.
+#[tokio::test]
+async fn sync_always_and_large_values() {
+    let dir = TempDir::new("embedded-sync");
+    let endpoint = format!("nats://?syncAlways&dataDir={}", dir.path().join("js").display());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    assert_eq!(log_field(&server.log(), "embedded NATS server ready", "fsync"), "always");
+    let mut client = server.client().await;
+    let big = vec![b'x'; 1_400_000];
+    let rev = client.put("big", big.clone(), None).await.unwrap().header().unwrap().revision();
+    let got = client.get("big", None).await.unwrap();
+    assert_eq!((got.kvs()[0].mod_revision(), got.kvs()[0].value()), (rev, &big[..]));
+    let e = client.put("bigger", vec![b'y'; 2_000_000], None).await.unwrap_err();
+    assert!(e.to_string().contains("etcdserver: request is too large"), "{e}");
+    let after = client.get("bigger", None).await.unwrap();
+    assert_eq!((after.header().unwrap().revision(), after.kvs().len()), (rev, 0));
+    // The setting reaches the server: a restart keeps every acknowledged write.
+    drop(server);
+    let server = Server::start(&["--endpoint", &endpoint]);
+    let mut client = server.client().await;
+    assert_eq!(client.get("big", None).await.unwrap().kvs()[0].value(), &big[..]);
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 use etcd_client::*;
-use kine_testkit::nats::NatsCluster;
+use kine_testkit::nats::{NatsCluster, NatsServer};
 use std::time::Duration;
 
 async fn collect(w: &mut WatchStream, until: i64) -> Vec<(i64, i32, Vec<u8>)> {
@@ -160,7 +160,7 @@ async fn three_kine_nodes_on_a_three_node_nats_cluster() {
 /// compaction done through one node is seen by the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_and_compaction_are_shared_between_nodes() {
-    let nats = kine_testkit::nats::NatsServer::start();
+    let nats = NatsServer::start();
     let endpoint = format!("{}?noEmbed&bucket=shared", nats.url());
     let nodes: Vec<Server> = (0..3).map(|_| Server::start(&["--endpoint", &endpoint])).collect();
     let mut clients = Vec::new();
@@ -227,4 +227,99 @@ async fn waits_for_a_forming_cluster() {
     let mut client = server.client().await;
     let rev = client.put("k", "v", None).await.unwrap().header().unwrap().revision();
     assert_eq!(rev, 2);
+}
+
+/// Node A (frozen with SIGSTOP) misses
+/// what node B does meanwhile, and B's `action` removes some of it from the stream. When A runs
+/// again it finds the hole, loads the bucket again, and cancels its watch, which is behind the
+/// hole, with the revision below which history is gone (as etcd cancels a watch behind a
+/// compaction); it never serves what it last knew. Returns A's client, the revision the watch
+/// was cancelled at, and what must live while A's client is used.
+async fn miss_a_removal<F, Fut>(params: &str, action: F) -> (Client, i64, (Server, Server, NatsServer))
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let nats = NatsServer::start();
+    let endpoint = format!("{}?noEmbed&bucket=behind{params}", nats.url());
+    let (a, b) = (Server::start(&["--endpoint", &endpoint]), Server::start(&["--endpoint", &endpoint]));
+    let (ca, cb) = (a.client().await, b.client().await);
+    let put = cb.clone().put("/h/k", "0", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(ca.clone().get("/h/k", None).await.unwrap().kvs()[0].mod_revision(), put);
+    let options = WatchOptions::new().with_prefix().with_start_revision(put + 1);
+    let mut w = ca.clone().watch("/h/", Some(options)).await.unwrap();
+    assert!(w.message().await.unwrap().unwrap().created());
+
+    a.signal("STOP");
+    // Long enough for A's pending pull request (5 s) to expire: the server then pushes nothing
+    // to A while it is frozen, so A can only read what the stream still holds when it runs.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    action(cb.clone()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a.signal("CONT");
+
+    let r = tokio::time::timeout(Duration::from_secs(30), w.message()).await.expect("the watch ends").unwrap().unwrap();
+    assert!(r.canceled() && r.events().is_empty(), "{r:?}\n{}", a.log());
+    assert!(a.log().contains("loading the bucket again"), "{}", a.log());
+    // A serves on (once its NATS connection, dropped by the server while A was frozen, is back).
+    let (y, _) = until_served("a write on A", Duration::from_secs(30), || {
+        let mut c = ca.clone();
+        async move { c.put("/h/y", "3", None).await }
+    })
+    .await;
+    let y = y.header().unwrap().revision();
+    assert_eq!(cb.clone().get("/h/y", None).await.unwrap().kvs()[0].mod_revision(), y);
+    (ca, r.compact_revision(), (a, b, nats))
+}
+
+/// A get on a node whose NATS connection may still be coming back (Unavailable is retried).
+async fn get(c: &Client, key: &str, options: Option<GetOptions>) -> Result<GetResponse, Error> {
+    let limit = Duration::from_secs(30);
+    let started = std::time::Instant::now();
+    loop {
+        match c.clone().get(key, options.clone()).await {
+            Err(Error::GRpcStatus(s)) if s.code() == tonic::Code::Unavailable && started.elapsed() < limit => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// B deletes a key and compacts the deletion away while A is frozen: A must not keep serving
+/// the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_missed_a_compaction_loads_the_bucket_again() {
+    let compacted = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let at = compacted.clone();
+    let (ca, cancelled, _running) = miss_a_removal("", |mut cb| async move {
+        cb.delete("/h/k", None).await.unwrap();
+        let rev = cb.put("/h/x", "1", None).await.unwrap().header().unwrap().revision();
+        cb.compact(rev, None).await.unwrap();
+        at.store(rev, std::sync::atomic::Ordering::SeqCst);
+    })
+    .await;
+    assert_eq!(cancelled, compacted.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(get(&ca, "/h/k", None).await.unwrap().kvs().is_empty(), "a deleted key is served");
+}
+
+/// With a per-key message limit (`revHistory=2`), B's updates push A's unseen versions out of
+/// the stream: A reads below the oldest version it could load as compacted, never as the older
+/// value it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_behind_a_per_key_limit_loads_the_bucket_again() {
+    let (ca, floor, _running) = miss_a_removal("&revHistory=2", |mut cb| async move {
+        for i in 1..=5 {
+            cb.put("/h/k", i.to_string(), None).await.unwrap();
+        }
+    })
+    .await;
+    let now = get(&ca, "/h/k", None).await.unwrap();
+    assert_eq!((now.kvs()[0].value(), now.kvs()[0].version()), (&b"5"[..], 6));
+    // The two newest versions are held; below the older of them history counts as compacted.
+    assert_eq!(floor, now.kvs()[0].mod_revision() - 1);
+    let e = get(&ca, "/h/k", Some(GetOptions::new().with_revision(floor - 1))).await.unwrap_err();
+    assert!(e.to_string().contains("required revision has been compacted"), "{e}");
+    let old = get(&ca, "/h/k", Some(GetOptions::new().with_revision(floor))).await.unwrap();
+    assert_eq!(old.kvs()[0].value(), b"4");
 }

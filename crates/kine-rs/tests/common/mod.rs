@@ -11,6 +11,12 @@ pub use kine_testkit::TempDir;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_kine-rs");
 
+/// The binary `Server` starts: this build's, or `KINE_RS_TEST_BIN` (e.g. a release build, to
+/// run the end-to-end tests against it).
+pub fn server_bin() -> String {
+    std::env::var("KINE_RS_TEST_BIN").unwrap_or_else(|_| BIN.to_string())
+}
+
 /// A running kine-rs process; killed on drop.
 pub struct Server {
     pub child: Child,
@@ -26,7 +32,7 @@ impl Server {
     }
 
     pub fn start_in(dir: Option<&Path>, args: &[&str]) -> Server {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(server_bin());
         if !args.iter().any(|a| a.starts_with("--listen-address")) {
             cmd.args(["--listen-address", "127.0.0.1:0"]);
         }
