@@ -90,6 +90,8 @@ struct Inner {
     locks: WriteLocks,
     /// `$KV.<bucket>.>`: every message of the bucket.
     filter: String,
+    /// `KV_<bucket>`.
+    stream_name: String,
     /// The stream drops old messages of a key beyond a per-key limit (`revHistory`).
     history_limited: bool,
     slow: Duration,
@@ -180,8 +182,9 @@ impl NatsBackend {
         let inner = Arc::new(Inner {
             bucket: cfg.bucket.clone(),
             client,
+            rounds: barrier::Rounds::new(js.clone(), format!("KV_{}", cfg.bucket)),
             js,
-            rounds: barrier::Rounds::new(stream.clone()),
+            stream_name: format!("KV_{}", cfg.bucket),
             stream,
             meta,
             table: Mutex::new(MemTable::at(0)),

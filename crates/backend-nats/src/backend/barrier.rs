@@ -9,7 +9,7 @@
 //! lookup).
 
 use super::leader::{self, StreamState};
-use async_nats::jetstream::stream;
+use async_nats::jetstream;
 use kine_core::{Error, Result};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
@@ -21,7 +21,9 @@ pub(super) struct Rounds {
 }
 
 struct Shared {
-    stream: stream::Stream,
+    js: jetstream::Context,
+    /// The bucket's stream.
+    name: String,
     state: Mutex<State>,
     /// `(round, answer)` of the newest round answered.
     answers: watch::Sender<(u64, Answer)>,
@@ -38,11 +40,10 @@ struct State {
 }
 
 impl Rounds {
-    pub fn new(stream: stream::Stream) -> Rounds {
+    pub fn new(js: jetstream::Context, name: String) -> Rounds {
         let answers = watch::channel((0, Err("no answer yet".to_string()))).0;
-        Rounds {
-            shared: Arc::new(Shared { stream, state: Mutex::new(State { next: 1, ..State::default() }), answers }),
-        }
+        let state = Mutex::new(State { next: 1, ..State::default() });
+        Rounds { shared: Arc::new(Shared { js, name, state, answers }) }
     }
 
     /// The stream's state, from a request sent after this call began.
@@ -79,7 +80,7 @@ async fn run(shared: Arc<Shared>) {
             st.next += 1;
             st.next - 1
         };
-        let answer = leader::stream_state(&shared.stream).await.map_err(|e| e.to_string());
+        let answer = leader::stream_state(&shared.js, &shared.name).await.map_err(|e| e.to_string());
         shared.answers.send_modify(|a| *a = (round, answer));
     }
 }

@@ -2,7 +2,7 @@
 //! behind, so the replica's checks and the read barrier ask these, never a direct get.
 
 use super::{NATS_TIMEOUT, transient, unavailable};
-use async_nats::jetstream::{kv, stream};
+use async_nats::jetstream::{self, kv, stream};
 use kine_core::{Result, Revision};
 use std::time::{Duration, Instant};
 
@@ -42,17 +42,47 @@ where
     }
 }
 
-/// The stream's state, from its leader. While the stream's Raft group has no leader its members
-/// answer for themselves, possibly behind: such an answer (no leader named) is not taken.
-pub(super) async fn stream_state(stream: &stream::Stream) -> Result<StreamState> {
+/// What `STREAM.INFO` answers, as far as the barrier needs it: parsing only this costs far less
+/// than the whole stream description.
+#[derive(serde::Deserialize)]
+struct Info {
+    state: State,
+    cluster: Option<Cluster>,
+}
+
+#[derive(serde::Deserialize)]
+struct State {
+    messages: u64,
+    last_seq: u64,
+}
+
+#[derive(serde::Deserialize)]
+struct Cluster {
+    leader: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Answer {
+    Err { error: jetstream::Error },
+    Ok(Info),
+}
+
+/// The state of stream `name`, from its leader. While the stream's Raft group has no leader its
+/// members answer for themselves, possibly behind: such an answer (no leader named) is not
+/// taken.
+pub(super) async fn stream_state(js: &jetstream::Context, name: &str) -> Result<StreamState> {
+    let subject = format!("STREAM.INFO.{name}");
     patiently("read the stream state", || async {
-        let info = stream.get_info().await.map_err(|e| e.to_string())?;
-        if let Some(cluster) = &info.cluster
-            && cluster.leader.as_deref().is_none_or(str::is_empty)
-        {
+        let answer: Answer = js.request(subject.clone(), &()).await.map_err(|e| e.to_string())?;
+        let info = match answer {
+            Answer::Ok(info) => info,
+            Answer::Err { error } => return Err(error.to_string()),
+        };
+        if info.cluster.is_some_and(|c| c.leader.is_none_or(|l| l.is_empty())) {
             return Err("the stream has no leader (an election is under way)".to_string());
         }
-        Ok(StreamState { messages: info.state.messages, last: info.state.last_sequence as Revision })
+        Ok(StreamState { messages: info.state.messages, last: info.state.last_seq as Revision })
     })
     .await
 }

@@ -145,7 +145,7 @@ async fn load(inner: &Inner, cursor: &mut Cursor, hole: Revision) -> Option<(Loa
 }
 
 async fn load_once(inner: &Inner, cursor: &mut Cursor, hole: Revision, strict: bool) -> Result<(Loading, u64), String> {
-    let before = leader::stream_state(&inner.stream).await.map_err(|e| e.to_string())?;
+    let before = leader::stream_state(&inner.js, &inner.stream_name).await.map_err(|e| e.to_string())?;
     cursor.reset();
     let mut st = Loading {
         table: MemTable::at(0),
@@ -176,13 +176,15 @@ async fn load_once(inner: &Inner, cursor: &mut Cursor, hole: Revision, strict: b
                 take(&inner.bucket, &mut st.table, &mut st.seqs, &mut st.position.batches, &m, seq);
                 st.position.next = seq + 1;
                 if target.is_none() && info.pending == 0 {
-                    target = Some(leader::stream_state(&inner.stream).await.map_err(|e| e.to_string())?);
+                    target =
+                        Some(leader::stream_state(&inner.js, &inner.stream_name).await.map_err(|e| e.to_string())?);
                 }
             }
             Next::Idle => {
                 idle += 1;
                 if target.is_none() {
-                    target = Some(leader::stream_state(&inner.stream).await.map_err(|e| e.to_string())?);
+                    target =
+                        Some(leader::stream_state(&inner.js, &inner.stream_name).await.map_err(|e| e.to_string())?);
                 }
             }
             Next::Failed(e) => {

@@ -1,0 +1,42 @@
+//! What the server under load spent: CPU time and peak resident memory, read from `/proc` for
+//! the process id given with `--server-pid` (Linux).
+
+use anyhow::{Context as _, Result};
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    /// User + system CPU time, seconds.
+    pub cpu_s: f64,
+    /// Peak resident set size (VmHWM), MiB.
+    pub peak_rss_mib: f64,
+}
+
+pub fn usage(pid: u32) -> Result<Usage> {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("read /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) closed by ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')').context("bad /proc stat")?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line: 11 and 12 (from 0) after the name.
+    let hz = 100.0; // USER_HZ on Linux
+    let cpu_s = (ticks(11) + ticks(12)) / hz;
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("read /proc/{pid}/status"))?;
+    let peak_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    Ok(Usage { cpu_s, peak_rss_mib: peak_kib / 1024.0 })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_this_process() {
+        let u = super::usage(std::process::id()).unwrap();
+        assert!(u.peak_rss_mib > 0.0);
+        assert!(u.cpu_s >= 0.0);
+    }
+}

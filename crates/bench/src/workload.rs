@@ -1,0 +1,190 @@
+//! The workloads. Every client runs one loop until the deadline; an operation's latency is
+//! recorded when it succeeds, an error is counted (and the client pauses briefly) otherwise.
+
+use crate::stats::Stats;
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Keys of the preloaded key space (`/bench/k/<i>`).
+    pub keys: u64,
+    pub value_bytes: usize,
+    /// List page size.
+    pub limit: i64,
+    pub serializable: bool,
+}
+
+/// Preloaded key `i`: zero-padded, so that key order is index order.
+pub fn key(i: u64) -> String {
+    format!("/bench/k/{i:09}")
+}
+
+pub const PREFIX: &str = "/bench/k/";
+
+/// The end of the prefix range (the prefix with its last byte incremented).
+pub fn prefix_end() -> String {
+    "/bench/k0".to_string()
+}
+
+/// A cheap, per-client pseudo-random sequence (xorshift), seeded by the client number.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+fn value(bytes: usize, tag: u64) -> Vec<u8> {
+    let mut v = format!("{tag}:").into_bytes();
+    v.resize(bytes.max(v.len()), b'x');
+    v
+}
+
+async fn timed<T, E>(stats: &mut Stats, f: impl Future<Output = Result<T, E>>) -> Option<T> {
+    let start = Instant::now();
+    match f.await {
+        Ok(v) => {
+            stats.record(start.elapsed());
+            Some(v)
+        }
+        Err(_) => {
+            stats.errors += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            None
+        }
+    }
+}
+
+/// Puts of new keys, unique per client.
+pub async fn put(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats {
+    let mut stats = Stats::default();
+    let mut i = 0;
+    while Instant::now() < deadline {
+        let v = value(p.value_bytes, i);
+        timed(&mut stats, c.put(format!("/bench/p/{id}/{i}"), v, None)).await;
+        i += 1;
+    }
+    stats
+}
+
+/// Gets of random preloaded keys.
+pub async fn get(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats {
+    let (mut stats, mut rng) = (Stats::default(), Rng::new(id + 1));
+    let options = || p.serializable.then(|| GetOptions::new().with_serializable());
+    while Instant::now() < deadline {
+        let k = key(rng.below(p.keys));
+        if let Some(r) = timed(&mut stats, c.get(k, options())).await {
+            stats.items += r.kvs().len() as u64;
+        }
+    }
+    stats
+}
+
+/// Read-modify-write of random preloaded keys, the way kube-apiserver updates an object: a
+/// get, then a Txn that puts only if the key's mod revision is still the one read (else gets
+/// it). One operation = both requests.
+pub async fn cas(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats {
+    let (mut stats, mut rng) = (Stats::default(), Rng::new(id + 1));
+    let mut n = 0;
+    while Instant::now() < deadline {
+        let k = key(rng.below(p.keys));
+        n += 1;
+        let start = Instant::now();
+        let rev = match c.get(k.as_str(), None).await {
+            Ok(r) => r.kvs().first().map_or(0, |kv| kv.mod_revision()),
+            Err(_) => {
+                stats.errors += 1;
+                continue;
+            }
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(k.as_str(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::put(k.as_str(), value(p.value_bytes, n), None)])
+            .or_else([TxnOp::get(k.as_str(), None)]);
+        match c.txn(txn).await {
+            Ok(r) => {
+                stats.record(start.elapsed());
+                if !r.succeeded() {
+                    stats.conflicts += 1;
+                }
+            }
+            Err(_) => stats.errors += 1,
+        }
+    }
+    stats
+}
+
+/// Paginated reads of the preloaded prefix (`limit` keys a page, from a random key), as
+/// kube-apiserver lists. One operation = one page.
+pub async fn list(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats {
+    let (mut stats, mut rng) = (Stats::default(), Rng::new(id + 1));
+    while Instant::now() < deadline {
+        let from = key(rng.below(p.keys.saturating_sub(p.limit as u64).max(1)));
+        let mut options = GetOptions::new().with_range(prefix_end()).with_limit(p.limit);
+        if p.serializable {
+            options = options.with_serializable();
+        }
+        if let Some(r) = timed(&mut stats, c.get(from, Some(options))).await {
+            stats.items += r.kvs().len() as u64;
+        }
+    }
+    stats
+}
+
+/// Counts of the preloaded prefix (`count_only`), as kube-apiserver's object-count metric.
+pub async fn count(mut c: Client, _id: u64, p: Params, deadline: Instant) -> Stats {
+    let mut stats = Stats::default();
+    while Instant::now() < deadline {
+        let mut options = GetOptions::new().with_prefix().with_count_only();
+        if p.serializable {
+            options = options.with_serializable();
+        }
+        if let Some(r) = timed(&mut stats, c.get(PREFIX, Some(options))).await {
+            stats.items = r.count() as u64;
+        }
+    }
+    stats
+}
+
+/// Makes sure keys `0..keys` of the preloaded prefix exist (keys present already are skipped:
+/// a bigger load extends a smaller one). Returns how many were written.
+pub async fn preload(client: &Client, clients: u64, p: &Params) -> anyhow::Result<u64> {
+    let have =
+        client.clone().get(PREFIX, Some(GetOptions::new().with_prefix().with_count_only())).await?.count() as u64;
+    if have >= p.keys {
+        return Ok(0);
+    }
+    let mut tasks = Vec::new();
+    for t in 0..clients {
+        let mut c = client.clone();
+        let (size, keys) = (p.value_bytes, p.keys);
+        tasks.push(tokio::spawn(async move {
+            let mut i = have + t;
+            while i < keys {
+                let mut attempts = 0;
+                while let Err(e) = c.put(key(i), value(size, i), None::<PutOptions>).await {
+                    attempts += 1;
+                    if attempts > 20 {
+                        return Err(anyhow::anyhow!("preload {}: {e}", key(i)));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                i += clients;
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(p.keys - have)
+}
