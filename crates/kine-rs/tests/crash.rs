@@ -1,6 +1,6 @@
-//! Crash safety: concurrent writers against a kine-rs killed with SIGKILL mid-load. After a
-//! restart every acknowledged write is there, at the revision it was acknowledged with, and
-//! the revision history is gap-free.
+//! Crash safety: concurrent writers against a kine-rs killed with SIGKILL mid-load (on SQLite,
+//! and on the embedded NATS server). After a restart every acknowledged write is there, at the
+//! revision it was acknowledged with, and the revision history is gap-free.
 
 mod common;
 use common::*;
@@ -10,8 +10,31 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_loses_no_acknowledged_write() {
     let dir = TempDir::new("crash");
-    let endpoint = db_endpoint(dir.path());
-    for round in 0..2 {
+    kill_under_load(&db_endpoint(dir.path()), 2).await;
+}
+
+/// The same on the embedded NATS server (one server, replicas=1), with nats-server's default
+/// durability: it writes every message to the operating system before acknowledging it, and
+/// fsyncs every 2 minutes (docs/nats.md says what that means for a power loss).
+#[cfg(feature = "embedded-nats")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_loses_no_acknowledged_write_on_embedded_nats() {
+    let dir = TempDir::new("crash-nats");
+    kill_under_load(&format!("nats://?dataDir={}", dir.path().join("js").display()), 2).await;
+}
+
+/// With `syncAlways`, JetStream also fsyncs every message before acknowledging it.
+#[cfg(feature = "embedded-nats")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_loses_no_acknowledged_write_on_embedded_nats_with_sync_always() {
+    let dir = TempDir::new("crash-nats-sync");
+    kill_under_load(&format!("nats://?syncAlways&dataDir={}", dir.path().join("js").display()), 2).await;
+}
+
+/// Writers on `endpoint` while kine-rs is killed with SIGKILL, `rounds` times.
+async fn kill_under_load(endpoint: &str, rounds: usize) {
+    let endpoint = endpoint.to_string();
+    for round in 0..rounds {
         let mut server = Server::start(&["--endpoint", &endpoint]);
         let c = server.client().await;
         let mut writers = Vec::new();
