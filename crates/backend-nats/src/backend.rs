@@ -2,7 +2,7 @@
 //!
 //! The bucket's stream is the log: one message per key change, the etcd revision is the
 //! message's stream sequence (the init marker is sequence 1). Every process keeps a replica of
-//! the retained stream in a [`MemTable`], fed by one ordered consumer; the shared etcd logic
+//! the retained stream in a [`MemTable`], fed by one pull consumer (`replica.rs`); the shared etcd logic
 //! runs on it. A write is evaluated on the replica, then published with a JetStream
 //! expectation that makes it conditional: on each written key's last sequence when the write
 //! reads nothing but those keys (the Kubernetes create/update/delete shapes), otherwise on the
