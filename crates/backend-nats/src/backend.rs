@@ -88,6 +88,8 @@ struct Inner {
     feed: broadcast::Sender<Arc<RevisionEvents>>,
     /// Which of this process's writes may be in flight together (see `write_locks`).
     locks: WriteLocks,
+    /// Held by a compaction.
+    compaction: tokio::sync::Mutex<()>,
     /// `$KV.<bucket>.>`: every message of the bucket.
     filter: String,
     /// `KV_<bucket>`.
@@ -193,6 +195,7 @@ impl NatsBackend {
             target: watch::channel(0).0,
             feed,
             locks: WriteLocks::default(),
+            compaction: tokio::sync::Mutex::new(()),
             filter: format!("$KV.{}.>", cfg.bucket),
             history_limited: info.config.max_messages_per_subject > 0,
             slow: cfg.slow_method,
@@ -672,7 +675,11 @@ impl Backend for NatsBackend {
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
         let inner = &self.inner;
-        let _guard = inner.locks.alone().await;
+        // One compaction at a time. Writes go on meanwhile: purges remove only messages at or
+        // below the compact revision, and a write to a key whose messages were all purged fails
+        // its expectation and is evaluated again (`forget_compacted_keys`); a long compaction
+        // (many keys, a long stream) must not stop writes.
+        let _compaction = inner.compaction.lock().await;
         inner.barrier().await?;
         let (current, previous, plan) = {
             let t = inner.table();

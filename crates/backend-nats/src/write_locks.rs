@@ -3,7 +3,7 @@
 //! Correctness never depends on these locks: every write is published with a JetStream
 //! expectation. They only keep this process's own writes from invalidating each other's
 //! expectations: writes on different keys run concurrently, writes on the same key one after
-//! the other, and a write conditional on the whole stream (or a compaction) runs alone.
+//! the other, and a write conditional on the whole stream runs alone.
 
 use kine_core::RangeEnd;
 use kine_core::request::{RequestOp, TxnRequest};
@@ -47,7 +47,7 @@ impl WriteLocks {
         WriteGuard::Keys(shared, guards)
     }
 
-    /// For a write conditional on the whole stream, or a compaction: nothing else from this
+    /// For a write conditional on the whole stream: nothing else from this
     /// process in flight.
     pub async fn alone(&self) -> WriteGuard<'_> {
         WriteGuard::Alone(self.all.write().await)

@@ -166,6 +166,56 @@ async fn concurrent_writes_from_one_process() {
     assert_eq!(hot.kvs[0].version, 32);
 }
 
+/// Writes go on while a compaction purges: updates and deletions of the very keys being
+/// compacted, from the same process, all succeed, and the result is what they wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_go_on_during_a_compaction() {
+    use kine_core::request::*;
+    let server = NatsServer::start();
+    let b = open(&server, "compacting").await;
+    let s = kine_testkit::contract::store(b.clone()).await;
+    for v in 0..5 {
+        for k in 0..100 {
+            kine_testkit::contract::put(&s, &format!("k/{k}"), &format!("{v}")).await;
+        }
+    }
+    let at = s.range(RangeRequest::new(kine_core::KeyRange::single("k/0"))).await.unwrap().revision;
+    let compaction = {
+        let b = b.clone();
+        tokio::spawn(async move { b.compact(at).await })
+    };
+    let mut writes = Vec::new();
+    for k in 0..100 {
+        let s = s.clone();
+        writes.push(tokio::spawn(async move {
+            let key = format!("k/{k}");
+            if k % 10 == 0 {
+                s.delete_range(DeleteRangeRequest { range: kine_core::KeyRange::single(key), prev_kv: false })
+                    .await
+                    .map(|_| ())
+            } else {
+                s.put(PutRequest { key: key.into_bytes(), value: b"after".to_vec(), ..Default::default() })
+                    .await
+                    .map(|_| ())
+            }
+        }));
+    }
+    for w in writes {
+        w.await.unwrap().expect("a write during the compaction");
+    }
+    compaction.await.unwrap().expect("the compaction");
+    for k in 0..100 {
+        let got = kine_testkit::contract::get(&s, &format!("k/{k}")).await;
+        match k % 10 {
+            0 => assert!(got.is_none(), "k/{k} was deleted"),
+            _ => assert_eq!(got.expect("written").value, b"after"),
+        }
+    }
+    let mut old = RangeRequest::new(kine_core::KeyRange::single("k/1"));
+    old.revision = at - 1;
+    assert!(matches!(s.range(old).await, Err(kine_core::Error::Compacted { .. })));
+}
+
 /// Leases live in `<bucket>-meta`: no revision spent, duplicates refused, and a new process on
 /// the same bucket sees them (and the data, and the compact revision).
 #[tokio::test]

@@ -9,7 +9,7 @@
 //! one NATS server, whose copy of the stream may be behind or being rebuilt.
 
 use async_nats::jetstream::{self, consumer, stream};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use kine_core::Revision;
 use std::time::Duration;
 
@@ -63,14 +63,21 @@ impl Cursor {
             }
         }
         let Some((_, messages)) = self.messages.as_mut() else { return Next::Idle };
-        match tokio::time::timeout(idle, messages.next()).await {
-            Err(_) => Next::Idle,
-            Ok(Some(Ok(m))) => Next::Message(Box::new(m)),
-            Ok(Some(Err(e))) => {
+        // A message already buffered needs no timer (a bulk load takes millions in a row).
+        let item = match messages.next().now_or_never() {
+            Some(item) => item,
+            None => match tokio::time::timeout(idle, messages.next()).await {
+                Ok(item) => item,
+                Err(_) => return Next::Idle,
+            },
+        };
+        match item {
+            Some(Ok(m)) => Next::Message(Box::new(m)),
+            Some(Err(e)) => {
                 self.reset();
                 Next::Failed(format!("bucket consumer: {e}"))
             }
-            Ok(None) => {
+            None => {
                 self.reset();
                 Next::Failed("bucket consumer: ended".into())
             }
