@@ -341,6 +341,9 @@ impl Inner {
     }
 
     async fn wait_applied(&self, seq: Revision, limit: Duration) -> Result<()> {
+        if *self.applied.borrow() >= seq {
+            return Ok(());
+        }
         let mut rx = self.applied.subscribe();
         match tokio::time::timeout(limit, rx.wait_for(|a| *a >= seq)).await {
             Ok(Ok(_)) => Ok(()),
