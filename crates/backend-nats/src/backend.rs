@@ -533,11 +533,16 @@ impl NatsBackend {
             };
             match inner.publish(&ev.events, expect, &key_last).await? {
                 Some(seq) => {
+                    let mut response = applied.response;
+                    if let WriteResponse::Txn(t) = &mut response {
+                        // Evaluated as revision `base + 1`; it landed at `seq`.
+                        t.renumber(base + 1, seq);
+                    }
                     // Committed. Give the replica a moment to apply it, so that this node's
                     // next write is evaluated on it (reads wait for it anyway); a slow replica
                     // does not turn a committed write into an error.
                     let _ = inner.wait_applied(seq, Duration::from_secs(1)).await;
-                    return Ok(Revisioned { revision: seq, value: applied.response });
+                    return Ok(Revisioned { revision: seq, value: response });
                 }
                 None => {
                     tracing::debug!("conditional write lost to another writer; evaluating again");
@@ -695,15 +700,17 @@ impl Backend for NatsBackend {
         // so their order does not matter).
         let purges = futures_util::stream::iter(plan).map(|(key, newest, deleted)| async move {
             let subject = message::subject(&inner.bucket, &key);
-            // Keep the newest version at or below the compact revision, unless it is a deletion.
+            // Keep the newest version at or below the compact revision, unless it is a deletion
+            // below it (etcd keeps a deletion at the compact revision itself).
             let seq = inner.seqs().get(&key, newest);
-            let keep_from = if deleted { seq + 1 } else { seq };
+            let gone = deleted && newest < revision;
+            let keep_from = if gone { seq + 1 } else { seq };
             timed(
                 "purge superseded versions",
                 std::future::IntoFuture::into_future(inner.stream.purge().filter(subject).sequence(keep_from as u64)),
             )
             .await?;
-            inner.seqs().prune(&key, newest, deleted);
+            inner.seqs().prune(&key, newest, gone);
             Ok::<(), Error>(())
         });
         let mut purges = purges.buffer_unordered(PURGE_CONCURRENCY);

@@ -59,7 +59,8 @@ pub fn init(conn: &mut Connection) -> Result<Meta> {
         None => {
             set(&tx, "schema_version", SCHEMA_VERSION)?;
             set(&tx, "revision", 1)?;
-            set(&tx, "compact_revision", 0)?;
+            // -1: never compacted (etcd's first revision before any compaction).
+            set(&tx, "compact_revision", -1)?;
             set(&tx, "cluster_id", kine_core::id::random_nonzero() as i64)?;
             set(&tx, "member_id", kine_core::id::random_nonzero() as i64)?;
         }

@@ -183,10 +183,10 @@ pub fn events(
         "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted,
                 p.key, p.create_revision, p.mod_revision, p.version, p.lease, p.value, p.deleted
          FROM kv e
-         LEFT JOIN kv p ON p.key = e.key AND (p.mod_revision, p.sub) < (e.mod_revision, e.sub)
+         LEFT JOIN kv p ON p.key = e.key AND p.mod_revision < e.mod_revision
               AND NOT EXISTS (SELECT 1 FROM kv q WHERE q.key = e.key
                               AND (q.mod_revision, q.sub) > (p.mod_revision, p.sub)
-                              AND (q.mod_revision, q.sub) < (e.mod_revision, e.sub))
+                              AND q.mod_revision < e.mod_revision)
          WHERE e.mod_revision > ? AND e.mod_revision <= ? AND {cond}
          ORDER BY e.mod_revision, e.sub"
     );
@@ -197,8 +197,10 @@ pub fn events(
         let kv = kv_from_row(row, 0)?;
         let deleted: i64 = row.get(6)?;
         let prev_deleted: Option<i64> = row.get(13)?;
+        // As etcd: the key's version at the revision before the event, none for a creation.
+        let create = deleted == 0 && kv.create_revision == kv.mod_revision;
         let prev_kv = match prev_deleted {
-            Some(0) => Some(kv_from_row(row, 7)?),
+            Some(0) if !create => Some(kv_from_row(row, 7)?),
             _ => None,
         };
         let (kind, kv) = if deleted != 0 {

@@ -149,12 +149,14 @@ fn compact(conn: &mut Connection, shared: &Shared, rev: Revision) -> Result<Revi
     txn::check_compact(rev, current, previous)?;
     (|| -> anyhow::Result<()> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).context("begin compaction")?;
-        // Only keys changed after the previous compaction can have newly superseded versions.
+        // Only keys changed since the previous compaction can have newly superseded versions
+        // (a deletion at the previous compact revision itself was kept, as etcd keeps it).
         tx.execute(
             "DELETE FROM kv WHERE mod_revision <= ?2
-               AND key IN (SELECT key FROM kv WHERE mod_revision > ?1 AND mod_revision <= ?2)
-               AND (deleted = 1 OR EXISTS (SELECT 1 FROM kv n WHERE n.key = kv.key AND n.mod_revision <= ?2
-                                           AND (n.mod_revision, n.sub) > (kv.mod_revision, kv.sub)))",
+               AND key IN (SELECT key FROM kv WHERE mod_revision >= ?1 AND mod_revision <= ?2)
+               AND ((deleted = 1 AND mod_revision < ?2)
+                    OR EXISTS (SELECT 1 FROM kv n WHERE n.key = kv.key AND n.mod_revision <= ?2
+                               AND (n.mod_revision, n.sub) > (kv.mod_revision, kv.sub)))",
             params![previous, rev],
         )
         .context("delete superseded versions")?;

@@ -11,7 +11,8 @@ use tokio::sync::broadcast;
 pub struct Revisions {
     /// The last committed revision (1 for an empty store).
     pub current: Revision,
-    /// Reads below this revision fail with "compacted" (0 or 1 when never compacted).
+    /// Reads below this revision fail with "compacted"; -1 when never compacted (as etcd's
+    /// first revision: `Compact(0)` then succeeds once, and a Txn's Range at revision -1 works).
     pub compacted: Revision,
 }
 

@@ -46,7 +46,8 @@ pub async fn run(backend: Arc<dyn Backend>, options: CompactOptions, mut shutdow
 pub async fn compact_once(backend: &dyn Backend, options: &CompactOptions) -> crate::error::Result<Option<Revision>> {
     let revs = backend.revisions().await?;
     let target = revs.current - options.min_retain.max(0);
-    let mut done = revs.compacted;
+    // -1: never compacted; the first step still starts from revision 0.
+    let mut done = revs.compacted.max(0);
     if target <= done {
         return Ok(None);
     }

@@ -31,7 +31,7 @@ pub struct MemTable {
 
 impl Default for MemTable {
     fn default() -> Self {
-        MemTable { current: 1, compacted: 0, keys: BTreeMap::new(), log: BTreeMap::new(), leases: HashMap::new() }
+        MemTable { current: 1, compacted: -1, keys: BTreeMap::new(), log: BTreeMap::new(), leases: HashMap::new() }
     }
 }
 
@@ -73,8 +73,11 @@ impl MemTable {
     pub fn apply_committed(&mut self, revision: Revision, events: Vec<Event>) -> RevisionEvents {
         let mut done = Vec::with_capacity(events.len());
         for (i, mut event) in events.into_iter().enumerate() {
-            let prev = self.keys.get(&event.kv.key).and_then(|h| Self::live_at(h, revision)).cloned();
-            event.prev_kv = prev;
+            event.prev_kv = if event.is_create() {
+                None
+            } else {
+                self.keys.get(&event.kv.key).and_then(|h| Self::live_at(h, revision - 1)).cloned()
+            };
             let _ = self.append(revision, i, &event);
             done.push(event);
         }
@@ -112,12 +115,13 @@ impl MemTable {
         self.keys.get(key).and_then(|h| h.last()).map(|(r, _)| *r)
     }
 
-    /// Per key, its held versions' revisions (oldest first): for compaction planning.
-    pub fn changed_keys_between(&self, after: Revision, until: Revision) -> Vec<(Vec<u8>, Revision, bool)> {
-        // (key, newest revision <= until, is that newest a deletion) for keys changed in (after, until].
+    /// For compaction planning: `(key, newest revision <= until, is that newest a deletion)`
+    /// for the keys changed in `[since, until]` (a deletion at the previous compact revision
+    /// `since` is still held, so it is included).
+    pub fn changed_keys_between(&self, since: Revision, until: Revision) -> Vec<(Vec<u8>, Revision, bool)> {
         let mut out = Vec::new();
         for (key, history) in &self.keys {
-            if history.iter().any(|(r, _)| *r > after && *r <= until)
+            if history.iter().any(|(r, _)| *r >= since && *r <= until)
                 && let Some((r, kv)) = history.iter().rev().find(|(r, _)| *r <= until)
             {
                 out.push((key.clone(), *r, kv.is_none()));
@@ -131,7 +135,7 @@ impl MemTable {
     /// a purge by hand). Compaction keeps each key's newest version at or below its revision
     /// unless that is a deletion, so a key whose oldest version held is above `compacted` must
     /// start with a creation; a deletion or a later version there means older versions are
-    /// missing, and reads below it would be wrong.
+    /// missing, and reads below it would be wrong. -1 when no history is cut.
     pub fn history_floor(&self, compacted: Revision) -> Revision {
         self.keys
             .values()
@@ -139,7 +143,7 @@ impl MemTable {
             .filter(|(rev, kv)| *rev > compacted && kv.as_ref().is_none_or(|kv| kv.version > 1))
             .map(|(rev, _)| *rev)
             .max()
-            .unwrap_or(0)
+            .unwrap_or(-1)
     }
 
     pub fn revisions(&self) -> Revisions {
@@ -159,22 +163,21 @@ impl MemTable {
     pub fn compact(&mut self, rev: Revision) -> Result<()> {
         txn::check_compact(rev, self.current, self.compacted)?;
         self.keys.retain(|_, history| {
-            // Keep the newest version at or before `rev` unless it is a deletion, and all later ones.
+            // Keep the newest version at or before `rev` (a deletion only if it is at `rev`
+            // itself, as etcd does), and all later ones.
             let keep_from = history.iter().rposition(|(r, _)| *r <= rev);
             if let Some(i) = keep_from {
-                let tombstone = history[i].1.is_none();
-                history.drain(..if tombstone { i + 1 } else { i });
+                let gone = history[i].1.is_none() && history[i].0 < rev;
+                history.drain(..if gone { i + 1 } else { i });
             }
             !history.is_empty()
         });
         // History at or above `rev` stays. At `rev` itself only what survived compaction remains
-        // (as in a store that keeps rows, not events): puts that are still the key's version,
-        // whose previous versions are gone.
+        // (as in etcd): each key's last change at `rev`, whose previous versions are gone.
         self.log = self.log.split_off(&rev);
         if let Some(changed) = self.log.get_mut(&rev) {
             let keys = &self.keys;
-            changed
-                .retain(|key| keys.get(key).and_then(|h| h.first()).is_some_and(|(r, kv)| *r == rev && kv.is_some()));
+            changed.retain(|key| keys.get(key).and_then(|h| h.first()).is_some_and(|(r, _)| *r == rev));
             if changed.is_empty() {
                 self.log.remove(&rev);
             }
@@ -192,8 +195,15 @@ impl MemTable {
             return Ok(out);
         }
         for (rev, changed) in self.log.range(after + 1..=until) {
-            let events: Vec<Event> =
-                changed.iter().filter(|key| range.contains(key)).filter_map(|key| self.event_at(key, *rev)).collect();
+            let mut seen: HashMap<&[u8], usize> = HashMap::new();
+            let events: Vec<Event> = changed
+                .iter()
+                .filter_map(|key| {
+                    let nth = seen.entry(key.as_slice()).or_default();
+                    *nth += 1;
+                    if range.contains(key) { self.event_at(key, *rev, *nth - 1) } else { None }
+                })
+                .collect();
             if !events.is_empty() {
                 out.push(RevisionEvents { revision: *rev, events });
             }
@@ -207,23 +217,29 @@ impl MemTable {
         }
     }
 
-    /// The event that changed `key` at `rev`, rebuilt from its history: the version written
-    /// then (a deletion carries only the key and revision, as in etcd) and the one it replaced.
-    /// Compaction keeps the version live at the compact revision, so a logged event's previous
-    /// version is held unless compaction removed it (then, as at the compact revision itself,
+    /// The `nth` change of `key` at `rev` (a key can change twice in one revision), rebuilt
+    /// from its history: the version written then (a deletion carries only the key and
+    /// revision, as in etcd) and, as etcd reports it, the key's version at the revision before
+    /// (none for a creation). Compaction keeps the version live at the compact revision, so
+    /// that is held unless compaction removed it (then, as at the compact revision itself,
     /// there is none).
-    fn event_at(&self, key: &[u8], rev: Revision) -> Option<Event> {
+    fn event_at(&self, key: &[u8], rev: Revision, nth: usize) -> Option<Event> {
         let history = self.keys.get(key)?;
-        let i = history.binary_search_by_key(&rev, |(r, _)| *r).ok()?;
-        let prev_kv = history[..i].last().and_then(|(_, kv)| kv.clone());
-        Some(match &history[i].1 {
-            Some(kv) => Event { kind: EventKind::Put, kv: kv.clone(), prev_kv },
+        let first = history.partition_point(|(r, _)| *r < rev);
+        let (r, version) = history.get(first + nth)?;
+        if *r != rev {
+            return None;
+        }
+        let before = history[..first].last().and_then(|(_, kv)| kv.clone());
+        let event = match version {
+            Some(kv) => Event { kind: EventKind::Put, kv: kv.clone(), prev_kv: before },
             None => Event {
                 kind: EventKind::Delete,
                 kv: KeyValue { key: key.to_vec(), mod_revision: rev, ..Default::default() },
-                prev_kv,
+                prev_kv: before,
             },
-        })
+        };
+        Some(if event.is_create() { Event { prev_kv: None, ..event } } else { event })
     }
 
     pub fn lease_list(&self) -> Vec<(LeaseId, i64)> {
@@ -419,7 +435,7 @@ mod tests {
         t.apply_committed(7, vec![put("a", 7, 4)]);
         // "b": created after the compaction: complete.
         t.apply_committed(8, vec![put("b", 8, 1)]);
-        assert_eq!(t.history_floor(5), 0);
+        assert_eq!(t.history_floor(5), -1);
         // "c": its oldest version held is version 6, above the compact revision: older ones
         // were dropped.
         t.apply_committed(9, vec![put("c", 9, 6)]);
@@ -427,6 +443,6 @@ mod tests {
         t.apply_committed(10, vec![delete("d", 10)]);
         assert_eq!(t.history_floor(5), 10);
         assert_eq!(t.history_floor(9), 10);
-        assert_eq!(t.history_floor(10), 0);
+        assert_eq!(t.history_floor(10), -1);
     }
 }

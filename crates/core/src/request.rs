@@ -126,9 +126,12 @@ pub enum RequestOp {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResponseOp {
-    Range(RangeResponse),
-    Put(PutResponse),
-    DeleteRange(DeleteRangeResponse),
+    /// Each operation's answer carries the revision etcd reports in its own header: the
+    /// revision at that point of the txn.
+    Range(Revisioned<RangeResponse>),
+    Put(Revisioned<PutResponse>),
+    DeleteRange(Revisioned<DeleteRangeResponse>),
+    /// A nested txn's answer has no revision of its own (etcd leaves its header empty).
     Txn(TxnResponse),
 }
 
@@ -143,6 +146,40 @@ pub struct TxnRequest {
 pub struct TxnResponse {
     pub succeeded: bool,
     pub responses: Vec<ResponseOp>,
+}
+
+impl TxnResponse {
+    /// For a backend whose write landed at another revision than the one it was evaluated for
+    /// (`from`): the operations' answers report `to` instead.
+    pub fn renumber(&mut self, from: Revision, to: Revision) {
+        let fix = |r: &mut Revision| {
+            if *r == from {
+                *r = to;
+            }
+        };
+        // Versions this txn wrote (and read back) carry its revision too.
+        let fix_kv = |kv: &mut crate::types::KeyValue| {
+            fix(&mut kv.create_revision);
+            fix(&mut kv.mod_revision);
+        };
+        for op in &mut self.responses {
+            match op {
+                ResponseOp::Range(r) => {
+                    fix(&mut r.revision);
+                    r.value.kvs.iter_mut().for_each(fix_kv);
+                }
+                ResponseOp::Put(r) => {
+                    fix(&mut r.revision);
+                    r.value.prev_kv.iter_mut().for_each(fix_kv);
+                }
+                ResponseOp::DeleteRange(r) => {
+                    fix(&mut r.revision);
+                    r.value.prev_kvs.iter_mut().for_each(fix_kv);
+                }
+                ResponseOp::Txn(t) => t.renumber(from, to),
+            }
+        }
+    }
 }
 
 /// A response to any KV request with the store revision to report in its header.

@@ -69,9 +69,14 @@ impl Store {
 
     pub async fn put(&self, req: PutRequest) -> Result<Revisioned<PutResponse>> {
         validate::put(&req)?;
+        // A Put RPC checks its lease before its key (a put in a Txn the other way round); the
+        // order shows only when both are missing.
+        if req.lease != 0 && (req.ignore_value || req.ignore_lease) && !self.lessor.list().contains(&req.lease) {
+            return Err(Error::LeaseNotFound);
+        }
         let r = self.txn_raw(TxnRequest { success: vec![RequestOp::Put(req)], ..Default::default() }).await?;
         match r.value.responses.into_iter().next() {
-            Some(ResponseOp::Put(value)) => Ok(Revisioned { revision: r.revision, value }),
+            Some(ResponseOp::Put(put)) => Ok(Revisioned { revision: r.revision, value: put.value }),
             _ => Err(Error::Backend(anyhow::anyhow!("put produced no put response"))),
         }
     }
@@ -80,7 +85,7 @@ impl Store {
         validate::delete_range(&req)?;
         let r = self.txn_raw(TxnRequest { success: vec![RequestOp::DeleteRange(req)], ..Default::default() }).await?;
         match r.value.responses.into_iter().next() {
-            Some(ResponseOp::DeleteRange(value)) => Ok(Revisioned { revision: r.revision, value }),
+            Some(ResponseOp::DeleteRange(d)) => Ok(Revisioned { revision: r.revision, value: d.value }),
             _ => Err(Error::Backend(anyhow::anyhow!("delete produced no delete response"))),
         }
     }

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::range;
 use crate::request::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse,
-    RangeRequest, RequestOp, ResponseOp, TxnRequest, TxnResponse,
+    RangeRequest, RequestOp, ResponseOp, Revisioned, TxnRequest, TxnResponse,
 };
 use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Revision, RevisionEvents};
 use crate::view::WriteView;
@@ -139,11 +139,7 @@ impl Exec<'_> {
         let mut nested = plan.nested.iter();
         for op in branch {
             match op {
-                RequestOp::Range(r) => {
-                    if r.revision > 0 {
-                        range::read_revision(r.revision, self.base, self.view.compact_revision())?;
-                    }
-                }
+                RequestOp::Range(r) => self.check_range(r)?,
                 RequestOp::Put(p) => self.check_put(p)?,
                 RequestOp::DeleteRange(_) => {}
                 RequestOp::Txn(inner) => {
@@ -153,6 +149,22 @@ impl Exec<'_> {
             }
         }
         Ok(())
+    }
+
+    /// etcd's `checkRange` for a Range in a txn: revision 0 is current; one above the current
+    /// revision is a future one; one below the compact revision is compacted — which is -1
+    /// before the first compaction, so a revision below -1 counts as compacted even then.
+    fn check_range(&mut self, r: &RangeRequest) -> Result<()> {
+        let compacted = self.view.compact_revision();
+        if r.revision == 0 {
+            Ok(())
+        } else if r.revision > self.base {
+            Err(Error::FutureRevision)
+        } else if r.revision < compacted {
+            Err(Error::Compacted { compact_revision: compacted })
+        } else {
+            Ok(())
+        }
     }
 
     fn check_put(&mut self, p: &PutRequest) -> Result<()> {
@@ -174,9 +186,17 @@ impl Exec<'_> {
         let mut responses = Vec::with_capacity(branch.len());
         for op in branch {
             responses.push(match op {
-                RequestOp::Range(r) => ResponseOp::Range(self.range(r)?),
-                RequestOp::Put(p) => ResponseOp::Put(self.put(p)?),
-                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete(d)?),
+                RequestOp::Range(r) => {
+                    let revision = self.read_rev();
+                    ResponseOp::Range(Revisioned { revision, value: self.range(r)? })
+                }
+                RequestOp::Put(p) => ResponseOp::Put(Revisioned { revision: self.base + 1, value: self.put(p)? }),
+                RequestOp::DeleteRange(d) => {
+                    let value = self.delete(d)?;
+                    // As etcd: the new revision once the txn changed anything, else the old one.
+                    let revision = self.read_rev();
+                    ResponseOp::DeleteRange(Revisioned { revision, value })
+                }
                 RequestOp::Txn(inner) => {
                     let plan = nested.next().expect("one plan per nested txn");
                     ResponseOp::Txn(self.run(inner, plan)?)
@@ -211,10 +231,19 @@ impl Exec<'_> {
             },
             lease: if p.ignore_lease { prev.as_ref().map_or(0, |kv| kv.lease) } else { p.lease },
         };
-        let event = Event { kind: EventKind::Put, kv, prev_kv: prev.clone() };
+        let mut event = Event { kind: EventKind::Put, kv, prev_kv: None };
+        if !event.is_create() {
+            event.prev_kv = self.before(&p.key)?;
+        }
         self.view.append(rev, self.events.len(), &event)?;
         self.events.push(event);
         Ok(PutResponse { prev_kv: if p.prev_kv { prev } else { None } })
+    }
+
+    /// A key's version before this txn: what etcd reports to watchers as an event's previous
+    /// version (not a version this txn wrote earlier).
+    fn before(&mut self, key: &[u8]) -> Result<Option<KeyValue>> {
+        Ok(self.view.scan(&KeyRange::single(key.to_vec()), self.base, 1, false)?.pop())
     }
 
     fn delete(&mut self, d: &DeleteRangeRequest) -> Result<DeleteRangeResponse> {
@@ -225,7 +254,7 @@ impl Exec<'_> {
             let event = Event {
                 kind: EventKind::Delete,
                 kv: KeyValue { key: prev.key.clone(), mod_revision: rev, ..Default::default() },
-                prev_kv: Some(prev.clone()),
+                prev_kv: self.before(&prev.key)?,
             };
             self.view.append(rev, self.events.len(), &event)?;
             self.events.push(event);

@@ -27,12 +27,20 @@ pub enum EventKind {
 /// A change to one key at one revision.
 ///
 /// For a delete, `kv` holds the key, `mod_revision` = the delete revision and nothing else
-/// (as etcd). `prev_kv` is the version before the change, if there was one.
+/// (as etcd). `prev_kv` is, as etcd reports it to watchers, the key's version at the revision
+/// before the change, if there was one (none for a creation).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     pub kind: EventKind,
     pub kv: KeyValue,
     pub prev_kv: Option<KeyValue>,
+}
+
+impl Event {
+    /// A put that created the key (etcd reports no previous version for it).
+    pub fn is_create(&self) -> bool {
+        self.kind == EventKind::Put && self.kv.create_revision == self.kv.mod_revision
+    }
 }
 
 /// All events of one committed revision, in the order the request produced them.
@@ -71,6 +79,16 @@ impl KeyRange {
             RangeEnd::Before(range_end)
         };
         KeyRange { start: key, end }
+    }
+
+    /// Back to etcd's `(key, range_end)` pair.
+    pub fn etcd_parts(&self) -> (Vec<u8>, Vec<u8>) {
+        let end = match &self.end {
+            RangeEnd::Single => Vec::new(),
+            RangeEnd::Unbounded => vec![0],
+            RangeEnd::Before(end) => end.clone(),
+        };
+        (self.start.clone(), end)
     }
 
     pub fn single(key: impl Into<Vec<u8>>) -> KeyRange {

@@ -2,7 +2,6 @@
 
 use crate::error::{Error, Result};
 use crate::request::{DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest};
-use crate::types::KeyRange;
 use std::collections::HashSet;
 
 /// etcd's default `--max-txn-ops`.
@@ -36,7 +35,18 @@ pub fn delete_range(r: &DeleteRangeRequest) -> Result<()> {
 }
 
 pub fn txn(t: &TxnRequest) -> Result<()> {
-    if t.compare.len() > MAX_TXN_OPS || t.success.len() > MAX_TXN_OPS || t.failure.len() > MAX_TXN_OPS {
+    txn_ops(t, MAX_TXN_OPS)?;
+    // After the per-operation checks, as etcd (avoids quadratic work on bad requests).
+    check_intervals(&t.success)?;
+    check_intervals(&t.failure)?;
+    Ok(())
+}
+
+/// etcd's `checkTxnRequest`: a txn may hold `max_ops` operations in its largest list, and a
+/// nested txn only what its parent leaves.
+fn txn_ops(t: &TxnRequest, max_ops: usize) -> Result<()> {
+    let ops = t.compare.len().max(t.success.len()).max(t.failure.len());
+    if ops > max_ops {
         return Err(Error::TooManyOps);
     }
     for c in &t.compare {
@@ -49,30 +59,55 @@ pub fn txn(t: &TxnRequest) -> Result<()> {
             RequestOp::Range(r) => range(r)?,
             RequestOp::Put(p) => put(p)?,
             RequestOp::DeleteRange(d) => delete_range(d)?,
-            RequestOp::Txn(inner) => txn(inner)?,
+            RequestOp::Txn(inner) => txn_ops(inner, max_ops - ops)?,
         }
     }
-    check_intervals(&t.success)?;
-    check_intervals(&t.failure)?;
     Ok(())
 }
 
-/// etcd rejects a txn branch that writes one key twice: two puts of a key, or a put of a key
-/// that a delete in the same branch (or a nested one) covers. Deletes may overlap each other.
-/// Returns the branch's puts and delete ranges.
-fn check_intervals(ops: &[RequestOp]) -> Result<(HashSet<Vec<u8>>, Vec<KeyRange>)> {
-    let mut dels: Vec<KeyRange> = ops
+/// A key range as etcd's duplicate-key check sees a delete: `[key, key + "\0")` for one key,
+/// else `[key, range_end)` with `range_end` taken literally — so a delete of everything from
+/// a key (`range_end` "\0") covers nothing here, as in etcd.
+struct Interval {
+    start: Vec<u8>,
+    end: Vec<u8>,
+}
+
+impl Interval {
+    fn of(d: &DeleteRangeRequest) -> Interval {
+        let (start, end) = d.range.etcd_parts();
+        let end = if end.is_empty() { [start.as_slice(), &[0]].concat() } else { end };
+        Interval { start, end }
+    }
+
+    fn contains(&self, key: &[u8]) -> bool {
+        self.start.as_slice() <= key && key < self.end.as_slice()
+    }
+}
+
+/// etcd's `checkIntervals`: a txn branch must not write one key twice — two puts of a key, or a
+/// put of a key that a delete covers (of the same level, of an enclosing one, or of an earlier
+/// nested txn). A key put in both branches of one nested txn is fine (only one runs).
+/// Returns the branch's puts and deletes.
+fn check_intervals(ops: &[RequestOp]) -> Result<(HashSet<Vec<u8>>, Vec<Interval>)> {
+    let mut dels: Vec<Interval> = ops
         .iter()
-        .filter_map(|op| if let RequestOp::DeleteRange(d) = op { Some(d.range.clone()) } else { None })
+        .filter_map(|op| if let RequestOp::DeleteRange(d) = op { Some(Interval::of(d)) } else { None })
         .collect();
+    let covered = |dels: &[Interval], key: &[u8]| dels.iter().any(|d| d.contains(key));
     let mut puts: HashSet<Vec<u8>> = HashSet::new();
-    let covered = |dels: &[KeyRange], key: &[u8]| dels.iter().any(|d| d.contains(key));
     for op in ops {
         let RequestOp::Txn(inner) = op else { continue };
         let (puts_then, dels_then) = check_intervals(&inner.success)?;
         let (puts_else, dels_else) = check_intervals(&inner.failure)?;
-        for key in puts_then.into_iter().chain(puts_else) {
-            if puts.contains(&key) || covered(&dels, &key) {
+        for key in &puts_then {
+            if puts.contains(key) || covered(&dels, key) {
+                return Err(Error::DuplicateKey);
+            }
+            puts.insert(key.clone());
+        }
+        for key in puts_else {
+            if (puts.contains(&key) && !puts_then.contains(&key)) || covered(&dels, &key) {
                 return Err(Error::DuplicateKey);
             }
             puts.insert(key);
@@ -94,6 +129,7 @@ fn check_intervals(ops: &[RequestOp]) -> Result<(HashSet<Vec<u8>>, Vec<KeyRange>
 mod tests {
     use super::*;
     use crate::request::{DeleteRangeRequest, PutRequest};
+    use crate::types::KeyRange;
 
     fn put(key: &str) -> RequestOp {
         RequestOp::Put(PutRequest { key: key.into(), value: b"v".to_vec(), ..Default::default() })
@@ -120,6 +156,12 @@ mod tests {
             failure: vec![put("x")],
             ..Default::default()
         };
+        assert!(txn(&t).is_ok());
+        // One nested txn putting a key in both branches: only one runs (etcd allows it).
+        let both = TxnRequest { success: vec![put("a")], failure: vec![put("a")], ..Default::default() };
+        assert!(txn(&TxnRequest { success: vec![RequestOp::Txn(both)], ..Default::default() }).is_ok());
+        // A delete of everything from a key ("\0") does not count as covering it, as in etcd.
+        let t = TxnRequest { success: vec![del("a", "\0"), put("b")], ..Default::default() };
         assert!(txn(&t).is_ok());
     }
 

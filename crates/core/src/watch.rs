@@ -84,6 +84,8 @@ pub struct WatchOptions {
 
 struct Watch {
     range: KeyRange,
+    /// The start revision asked for (0: from now).
+    start: Revision,
     next: Revision,
     prev_kv: bool,
     progress_notify: bool,
@@ -185,6 +187,12 @@ struct Session {
 
 impl Session {
     async fn send(&mut self, mut resp: WatchResponse) -> Result<(), Gone> {
+        // etcd's cancellation for compaction carries no revision (0) and no reason.
+        if let WatchResponse::Canceled { compact_revision, .. } = &resp
+            && *compact_revision != 0
+        {
+            return self.out.send(resp).await.map_err(|_| Gone);
+        }
         let rev = match &mut resp {
             WatchResponse::Created { revision, .. }
             | WatchResponse::Rejected { revision, .. }
@@ -228,7 +236,13 @@ impl Session {
                 Ok(())
             }
             WatchRequest::Progress => {
-                if let Some(rev) = self.current_revision().await {
+                // As etcd: answered only when the stream has watches, all of them synced, none
+                // waiting for a start revision still ahead; otherwise the request is dropped
+                // (clients such as kube-apiserver ask again).
+                if let Some(rev) = self.current_revision().await
+                    && !self.watches.is_empty()
+                    && self.watches.values().all(|w| w.next > self.pos && w.start <= rev)
+                {
                     self.progress_target = Some(rev);
                 }
                 Ok(())
@@ -268,6 +282,7 @@ impl Session {
             id,
             Watch {
                 range: c.range,
+                start: c.start_revision,
                 next,
                 prev_kv: c.prev_kv,
                 progress_notify: c.progress_notify,
@@ -280,11 +295,12 @@ impl Session {
         Ok(())
     }
 
+    /// As etcd: `compact_revision` set, no reason, header revision 0.
     async fn cancel_compacted(&mut self, id: i64, compacted: Revision) -> Result<(), Gone> {
         self.watches.remove(&id);
-        let revision = self.pos;
-        let reason = "etcdserver: mvcc: required revision has been compacted".to_string();
-        self.send(WatchResponse::Canceled { watch_id: id, revision, compact_revision: compacted, reason }).await
+        let canceled =
+            WatchResponse::Canceled { watch_id: id, revision: 0, compact_revision: compacted, reason: String::new() };
+        self.send(canceled).await
     }
 
     async fn on_feed(&mut self, item: Result<Arc<RevisionEvents>, broadcast::error::RecvError>) -> Result<(), Gone> {

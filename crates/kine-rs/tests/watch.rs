@@ -153,7 +153,8 @@ async fn compacted_start_revision_cancels_with_compact_revision() {
     let r = next(&mut w).await;
     assert!(r.canceled());
     assert_eq!(r.compact_revision(), 8);
-    assert_eq!(r.cancel_reason(), "etcdserver: mvcc: required revision has been compacted");
+    // As etcd: no reason, and a header without a revision (clients go by compact_revision).
+    assert_eq!((r.cancel_reason(), r.header().unwrap().revision()), ("", 0));
     // At the compact revision itself the watch works.
     let mut w = c.watch("c", Some(WatchOptions::new().with_start_revision(8))).await.unwrap();
     assert!(next(&mut w).await.created());

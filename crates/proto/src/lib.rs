@@ -1,6 +1,7 @@
 //! Generated etcd v3 API types (etcd v3.7.2 protos, see `proto/UPSTREAM.md`).
 //!
-//! Only the server side is generated. Nothing but `kine-server` should depend on this crate.
+//! The server side is generated; the client side too with feature `client` (tests only).
+//! Nothing but `kine-server` (and tests) should depend on this crate.
 #![allow(clippy::all, missing_docs, unreachable_pub)]
 
 pub mod mvccpb {

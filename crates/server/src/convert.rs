@@ -164,22 +164,39 @@ impl Headers {
     }
 
     pub fn txn_response(&self, r: core::TxnResponse, revision: Revision) -> pb::TxnResponse {
+        pb::TxnResponse { header: self.at(revision), ..self.inner_txn(r) }
+    }
+
+    /// The operations' answers of a txn. As in etcd, each carries only the revision at its
+    /// point of the txn (no cluster or member id), and a nested txn's own header is empty.
+    fn inner_txn(&self, r: core::TxnResponse) -> pb::TxnResponse {
         use pb::response_op::Response;
+        let op_header = |revision| Some(pb::ResponseHeader { revision, ..Default::default() });
         let responses = r
             .responses
             .into_iter()
             .map(|op| pb::ResponseOp {
                 response: Some(match op {
-                    core::ResponseOp::Range(r) => Response::ResponseRange(self.range_response(r, revision)),
-                    core::ResponseOp::Put(r) => Response::ResponsePut(self.put_response(r, revision)),
-                    core::ResponseOp::DeleteRange(r) => {
-                        Response::ResponseDeleteRange(self.delete_response(r, revision))
-                    }
-                    core::ResponseOp::Txn(r) => Response::ResponseTxn(self.txn_response(r, revision)),
+                    core::ResponseOp::Range(r) => Response::ResponseRange(pb::RangeResponse {
+                        header: op_header(r.revision),
+                        ..self.range_response(r.value, r.revision)
+                    }),
+                    core::ResponseOp::Put(r) => Response::ResponsePut(pb::PutResponse {
+                        header: op_header(r.revision),
+                        ..self.put_response(r.value, r.revision)
+                    }),
+                    core::ResponseOp::DeleteRange(r) => Response::ResponseDeleteRange(pb::DeleteRangeResponse {
+                        header: op_header(r.revision),
+                        ..self.delete_response(r.value, r.revision)
+                    }),
+                    core::ResponseOp::Txn(r) => Response::ResponseTxn(pb::TxnResponse {
+                        header: Some(pb::ResponseHeader::default()),
+                        ..self.inner_txn(r)
+                    }),
                 }),
             })
             .collect();
-        pb::TxnResponse { header: self.at(revision), succeeded: r.succeeded, responses }
+        pb::TxnResponse { header: None, succeeded: r.succeeded, responses }
     }
 }
 

@@ -147,7 +147,9 @@ pub async fn txn_kubernetes_shapes(b: Arc<dyn Backend>) {
     let r = s.txn(create("v2")).await.unwrap();
     assert!(!r.value.succeeded);
     assert_eq!(r.revision, 2);
-    let ResponseOp::Range(got) = &r.value.responses[0] else { panic!("expected a range response") };
+    let ResponseOp::Range(Revisioned { value: got, .. }) = &r.value.responses[0] else {
+        panic!("expected a range response")
+    };
     assert_eq!(got.kvs[0].value, b"v1");
     // Update with the right mod revision, then a stale one.
     let update = |rev, value: &str| TxnRequest {
@@ -160,7 +162,9 @@ pub async fn txn_kubernetes_shapes(b: Arc<dyn Backend>) {
     assert_eq!(r.revision, 3);
     let r = s.txn(update(2, "v4")).await.unwrap();
     assert!(!r.value.succeeded);
-    let ResponseOp::Range(got) = &r.value.responses[0] else { panic!("expected a range response") };
+    let ResponseOp::Range(Revisioned { value: got, .. }) = &r.value.responses[0] else {
+        panic!("expected a range response")
+    };
     assert_eq!((got.kvs[0].value.as_slice(), got.kvs[0].mod_revision), (b"v3".as_slice(), 3));
     // Delete with get-on-failure.
     let delete = |rev| TxnRequest {
@@ -175,7 +179,9 @@ pub async fn txn_kubernetes_shapes(b: Arc<dyn Backend>) {
     let r = s.txn(delete(3)).await.unwrap();
     assert!(r.value.succeeded);
     assert_eq!(r.revision, 4);
-    let ResponseOp::DeleteRange(d) = &r.value.responses[0] else { panic!("expected a delete response") };
+    let ResponseOp::DeleteRange(Revisioned { value: d, .. }) = &r.value.responses[0] else {
+        panic!("expected a delete response")
+    };
     assert_eq!((d.deleted, d.prev_kvs[0].value.as_slice()), (1, b"v3".as_slice()));
     // Create after delete succeeds again (mod == 0 on a deleted key).
     assert!(s.txn(create("v5")).await.unwrap().value.succeeded);
@@ -196,7 +202,9 @@ pub async fn compact_rev_key_version_cas(b: Arc<dyn Backend>) {
     assert!(s.txn(cas(1, "2")).await.unwrap().value.succeeded);
     let r = s.txn(cas(1, "3")).await.unwrap();
     assert!(!r.value.succeeded);
-    let ResponseOp::Range(got) = &r.value.responses[0] else { panic!("expected a range response") };
+    let ResponseOp::Range(Revisioned { value: got, .. }) = &r.value.responses[0] else {
+        panic!("expected a range response")
+    };
     assert_eq!((got.kvs[0].version, got.kvs[0].value.as_slice()), (2, b"2".as_slice()));
     // The key is an ordinary key: it shows up in ranges.
     assert_eq!(get(&s, "compact_rev_key").await.unwrap().version, 2);
@@ -268,9 +276,12 @@ pub async fn historical_reads_and_compaction(b: Arc<dyn Backend>) {
     assert_eq!(get(&s, "h").await.unwrap().value, b"3");
     assert!(get(&s, "gone").await.is_none());
     assert!(matches!(b.events(&KeyRange::all(), 2, 6).await, Err(Error::Compacted { compact_revision: 5 })));
+    // The deletion at exactly the compact revision survives (etcd keeps it for a watch that
+    // starts there), as does everything after.
     let evs = b.events(&KeyRange::all(), 4, 6).await.unwrap();
-    assert_eq!(evs.iter().map(|e| e.revision).collect::<Vec<_>>(), vec![6]);
-    assert_eq!(evs[0].events[0].prev_kv.as_ref().unwrap().value, b"2");
+    assert_eq!(evs.iter().map(|e| e.revision).collect::<Vec<_>>(), vec![5, 6]);
+    assert_eq!(evs[0].events[0].kv.key, b"gone");
+    assert_eq!(evs[1].events[0].prev_kv.as_ref().unwrap().value, b"2");
     // Compacting exactly to a put keeps that put's event (a watch may start at the compact
     // revision, as in etcd); its previous version is gone. Found by the Kubernetes suite
     // (TestWatchFromZero) on the memory backend.
@@ -325,7 +336,9 @@ pub async fn txn_is_atomic(b: Arc<dyn Backend>) {
     // Reads inside a txn see its earlier writes.
     let t = TxnRequest { success: vec![RequestOp::Put(put_req("x", "1")), get_op("x")], ..Default::default() };
     let r = s.txn(t).await.unwrap();
-    let ResponseOp::Range(got) = &r.value.responses[1] else { panic!("expected a range response") };
+    let ResponseOp::Range(Revisioned { value: got, .. }) = &r.value.responses[1] else {
+        panic!("expected a range response")
+    };
     assert_eq!(got.kvs[0].mod_revision, 2);
     // Duplicate keys are rejected before anything runs.
     let t = TxnRequest {

@@ -103,7 +103,8 @@ pub(super) async fn first_at_or_after(
     .await
 }
 
-/// The compact revision recorded in `<bucket>-meta`, from that stream's leader.
+/// The compact revision recorded in `<bucket>-meta`, from that stream's leader (-1: never
+/// compacted).
 pub(super) async fn compact_revision(meta: &kv::Store) -> Result<Revision> {
     let subject = format!("{}compact_revision", meta.prefix);
     patiently("read the compact revision", || async {
@@ -112,7 +113,8 @@ pub(super) async fn compact_revision(meta: &kv::Store) -> Result<Revision> {
                 .ok()
                 .and_then(|s| s.parse::<Revision>().ok())
                 .ok_or_else(|| "compact_revision is not a number".to_string()),
-            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(0),
+            // Never compacted.
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(-1),
             Err(e) => Err(e.to_string()),
         }
     })

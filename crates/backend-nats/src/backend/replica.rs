@@ -65,7 +65,8 @@ struct Loading {
 pub(super) async fn replicate(inner: Arc<Inner>, ready: oneshot::Sender<(Revision, u64)>) {
     let mut cursor = Cursor::new(inner.stream.clone(), inner.filter.clone());
     let mut ready = Some(ready);
-    let mut hole = 0;
+    // The end of the last hole found (-1: none).
+    let mut hole = -1;
     loop {
         let Some((loaded, messages)) = load(&inner, &mut cursor, hole).await else { return };
         let position = install(&inner, loaded);

@@ -1,0 +1,238 @@
+//! Seeded random etcd requests: puts, ranges and deletes with every option, nested Txns with
+//! every compare, leases, compaction and watches, over a small key space so that they interact.
+
+use kine_proto::etcdserverpb as pb;
+use kine_testkit::Rng;
+
+/// One request of a sequence, sent as is to etcd and to kine-rs.
+#[derive(Clone, Debug)]
+pub enum Op {
+    Range(pb::RangeRequest),
+    Put(pb::PutRequest),
+    Delete(pb::DeleteRangeRequest),
+    Txn(pb::TxnRequest),
+    Compact(pb::CompactionRequest),
+    LeaseGrant(pb::LeaseGrantRequest),
+    LeaseRevoke(pb::LeaseRevokeRequest),
+    LeaseTimeToLive(pb::LeaseTimeToLiveRequest),
+    LeaseLeases,
+    /// Opens a watch; its events are compared once the sequence is done.
+    Watch(pb::WatchCreateRequest),
+}
+
+const KEYS: [&[u8]; 9] = [b"a", b"a1", b"a2", b"ab", b"b", b"b/x", b"c", b"\x00", b"\xff"];
+const LEASES: [i64; 4] = [100, 101, 102, 999];
+
+/// What the generator knows of the store (from etcd's answers), to pick meaningful revisions.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Known {
+    pub revision: i64,
+    pub compacted: i64,
+}
+
+pub struct Gen {
+    rng: Rng,
+}
+
+impl Gen {
+    pub fn new(seed: u64) -> Gen {
+        Gen { rng: Rng::new(seed) }
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.rng.below(n)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn key(&mut self) -> Vec<u8> {
+        KEYS[self.below(KEYS.len() as u64) as usize].to_vec()
+    }
+
+    /// `range_end` for `key`: none, all from the key, the key's prefix, or another key (maybe
+    /// below it: an empty range).
+    fn range_end(&mut self, key: &[u8]) -> Vec<u8> {
+        match self.below(5) {
+            0 | 1 => Vec::new(),
+            2 => vec![0],
+            3 => prefix_end(key),
+            _ => self.key(),
+        }
+    }
+
+    fn revision(&mut self, k: Known) -> i64 {
+        match self.below(8) {
+            0 => 0,
+            1 => k.revision + 1 + self.below(2) as i64,
+            2 => k.compacted.max(1) - self.below(2) as i64,
+            3 => -1,
+            _ => 1 + self.below(k.revision.max(1) as u64) as i64,
+        }
+    }
+
+    fn value(&mut self) -> Vec<u8> {
+        if self.chance(10) { Vec::new() } else { format!("v{}", self.below(1000)).into_bytes() }
+    }
+
+    fn lease(&mut self) -> i64 {
+        if self.chance(70) { 0 } else { LEASES[self.below(LEASES.len() as u64) as usize] }
+    }
+
+    pub fn range(&mut self, k: Known) -> pb::RangeRequest {
+        let key = self.key();
+        let range_end = self.range_end(&key);
+        pb::RangeRequest {
+            range_end,
+            key,
+            limit: if self.chance(30) { self.below(4) as i64 } else { 0 },
+            revision: if self.chance(40) { self.revision(k) } else { 0 },
+            sort_order: if self.chance(30) { self.below(3) as i32 } else { 0 },
+            sort_target: if self.chance(30) { self.below(5) as i32 } else { 0 },
+            serializable: self.chance(20),
+            keys_only: self.chance(15),
+            count_only: self.chance(10),
+            min_mod_revision: if self.chance(10) { self.revision(k).max(0) } else { 0 },
+            max_mod_revision: if self.chance(10) { self.revision(k).max(0) } else { 0 },
+            min_create_revision: if self.chance(10) { self.revision(k).max(0) } else { 0 },
+            max_create_revision: if self.chance(10) { self.revision(k).max(0) } else { 0 },
+        }
+    }
+
+    pub fn put(&mut self) -> pb::PutRequest {
+        let ignore_value = self.chance(10);
+        let ignore_lease = self.chance(10);
+        pb::PutRequest {
+            key: self.key(),
+            // Mostly what etcd accepts with the ignore flags, sometimes not.
+            value: if ignore_value && self.chance(80) { Vec::new() } else { self.value() },
+            lease: if ignore_lease && self.chance(80) { 0 } else { self.lease() },
+            prev_kv: self.chance(40),
+            ignore_value,
+            ignore_lease,
+        }
+    }
+
+    pub fn delete(&mut self) -> pb::DeleteRangeRequest {
+        let key = self.key();
+        let range_end = self.range_end(&key);
+        pb::DeleteRangeRequest { range_end, key, prev_kv: self.chance(40) }
+    }
+
+    fn compare(&mut self, k: Known) -> pb::Compare {
+        use pb::compare::{CompareTarget as T, TargetUnion as U};
+        let key = self.key();
+        let range_end = if self.chance(20) { self.range_end(&key) } else { Vec::new() };
+        let (target, union) = match self.below(5) {
+            0 => (T::Version, U::Version(self.below(4) as i64)),
+            1 => (T::Create, U::CreateRevision(self.below(k.revision.max(1) as u64 + 1) as i64)),
+            2 => (T::Mod, U::ModRevision(self.below(k.revision.max(1) as u64 + 1) as i64)),
+            3 => (T::Value, U::Value(self.value())),
+            _ => (T::Lease, U::Lease(self.lease())),
+        };
+        pb::Compare { result: self.below(4) as i32, target: target as i32, key, range_end, target_union: Some(union) }
+    }
+
+    fn request_op(&mut self, k: Known, depth: u32) -> pb::RequestOp {
+        use pb::request_op::Request;
+        let request = match self.below(if depth < 2 { 4 } else { 3 }) {
+            0 => Request::RequestRange(self.range(k)),
+            1 => Request::RequestPut(self.put()),
+            2 => Request::RequestDeleteRange(self.delete()),
+            _ => Request::RequestTxn(self.txn(k, depth + 1)),
+        };
+        pb::RequestOp { request: Some(request) }
+    }
+
+    pub fn txn(&mut self, k: Known, depth: u32) -> pb::TxnRequest {
+        let compares = (0..self.below(3)).map(|_| self.compare(k)).collect();
+        let success = (0..self.below(4)).map(|_| self.request_op(k, depth)).collect();
+        let failure = (0..self.below(3)).map(|_| self.request_op(k, depth)).collect();
+        pb::TxnRequest { compare: compares, success, failure }
+    }
+
+    /// A Txn of `n` puts of distinct keys (`n` > 128 is refused by etcd).
+    fn big_txn(&mut self, n: usize) -> pb::TxnRequest {
+        use pb::request_op::Request;
+        let success = (0..n)
+            .map(|i| pb::RequestOp {
+                request: Some(Request::RequestPut(pb::PutRequest {
+                    key: format!("many/{i}").into_bytes(),
+                    value: b"x".to_vec(),
+                    ..Default::default()
+                })),
+            })
+            .collect();
+        pb::TxnRequest { compare: Vec::new(), success, failure: Vec::new() }
+    }
+
+    pub fn op(&mut self, k: Known) -> Op {
+        match self.below(100) {
+            0..=19 => Op::Range(self.range(k)),
+            20..=39 => Op::Put(self.put()),
+            40..=47 => Op::Delete(self.delete()),
+            48..=72 => Op::Txn(self.txn(k, 0)),
+            73 => {
+                let n = if self.chance(50) { 128 } else { 129 };
+                Op::Txn(self.big_txn(n))
+            }
+            74..=77 => Op::Compact(pb::CompactionRequest {
+                revision: match self.below(4) {
+                    0 => k.compacted,
+                    1 => k.revision + 1,
+                    _ => k.compacted + 1 + self.below((k.revision - k.compacted).max(1) as u64) as i64,
+                },
+                physical: self.chance(50),
+            }),
+            78..=83 => Op::LeaseGrant(pb::LeaseGrantRequest {
+                id: LEASES[self.below(LEASES.len() as u64) as usize],
+                // No short TTLs: when a lease expires depends on each server's clock, and the
+                // revision its keys' deletion takes would differ (tests/lease.rs covers expiry).
+                ttl: match self.below(6) {
+                    0 => 9_000_000_001,
+                    _ => 1000 + self.below(1000) as i64,
+                },
+            }),
+            84..=86 => Op::LeaseRevoke(pb::LeaseRevokeRequest { id: LEASES[self.below(LEASES.len() as u64) as usize] }),
+            87..=89 => Op::LeaseTimeToLive(pb::LeaseTimeToLiveRequest {
+                id: LEASES[self.below(LEASES.len() as u64) as usize],
+                keys: self.chance(50),
+            }),
+            90 => Op::LeaseLeases,
+            _ => {
+                let key = self.key();
+                let range_end = self.range_end(&key);
+                let mut filters = Vec::new();
+                if self.chance(15) {
+                    filters.push(pb::watch_create_request::FilterType::Noput as i32);
+                }
+                if self.chance(15) {
+                    filters.push(pb::watch_create_request::FilterType::Nodelete as i32);
+                }
+                Op::Watch(pb::WatchCreateRequest {
+                    key,
+                    range_end,
+                    start_revision: if self.chance(30) { 0 } else { self.revision(k).max(0) },
+                    progress_notify: false,
+                    filters,
+                    prev_kv: self.chance(50),
+                    watch_id: 0,
+                    fragment: false,
+                })
+            }
+        }
+    }
+}
+
+/// The smallest key greater than every key with this prefix ("\0" when there is none).
+fn prefix_end(key: &[u8]) -> Vec<u8> {
+    let mut end = key.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
