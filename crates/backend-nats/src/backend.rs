@@ -453,6 +453,10 @@ impl Inner {
                     if text.contains("wrong last sequence") || text.contains("10071") || text.contains("10164") {
                         return Ok(None);
                     }
+                    if stream_full(&text) {
+                        tracing::warn!(error = %text, "the NATS stream has no room for a write");
+                        return Err(Error::NoSpace);
+                    }
                     return Err(unavailable(format!("publish: {text}")));
                 }
                 Err(_) => return Err(unavailable("publish: no acknowledgement within 5 s")),
@@ -460,6 +464,14 @@ impl Inner {
         }
         Ok(ack.map(|a| a.sequence as Revision))
     }
+}
+
+/// Does a refused publish say the stream (its max_bytes/max_msgs with discard=new) or the
+/// server's JetStream storage is full?
+fn stream_full(text: &str) -> bool {
+    ["maximum bytes exceeded", "maximum messages exceeded", "insufficient resources", "insufficient storage"]
+        .iter()
+        .any(|s| text.contains(s))
 }
 
 /// Can this write be made conditional on its own keys alone? Only if everything it read is a

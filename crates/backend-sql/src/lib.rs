@@ -5,9 +5,11 @@
 //! This crate knows SQL and `kine-core`, nothing of gRPC.
 
 mod pool;
+mod restore;
 mod schema;
 mod sqlite;
 mod view;
 mod writer;
 
+pub use restore::restore_sqlite;
 pub use sqlite::{SqliteBackend, SqliteOptions};

@@ -77,7 +77,7 @@ impl SqliteBackend {
     }
 }
 
-fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
     if dir.exists() {
         return Ok(());
     }

@@ -111,7 +111,7 @@ fn write_batch(conn: &mut Connection, shared: &Shared, batch: Vec<(WriteOp, Repl
                 }
                 Err(e) => {
                     view.conn.execute_batch("ROLLBACK TO op; RELEASE op").context("roll back savepoint")?;
-                    results.push(Err(e));
+                    results.push(Err(no_space(e)));
                 }
             }
         }
@@ -135,9 +135,10 @@ fn write_batch(conn: &mut Connection, shared: &Shared, batch: Vec<(WriteOp, Repl
         }
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "SQLite write batch failed; nothing was written");
+            let full = disk_full(&e);
             let text = format!("{e:#}");
             for (_, reply) in batch {
-                let _ = reply.send(Err(Error::Backend(anyhow::anyhow!("{text}"))));
+                let _ = reply.send(Err(if full { Error::NoSpace } else { Error::Backend(anyhow::anyhow!("{text}")) }));
             }
         }
     }
@@ -167,4 +168,21 @@ fn compact(conn: &mut Connection, shared: &Shared, rev: Revision) -> Result<Revi
     .map_err(Error::Backend)?;
     shared.compacted.store(rev, Ordering::SeqCst);
     Ok(current)
+}
+
+/// SQLite's "database or disk is full" (the disk, or a `max_page_count` limit).
+fn disk_full(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<rusqlite::Error>(),
+            Some(rusqlite::Error::SqliteFailure(f, _)) if f.code == rusqlite::ErrorCode::DiskFull
+        )
+    })
+}
+
+fn no_space(e: Error) -> Error {
+    match e {
+        Error::Backend(inner) if disk_full(&inner) => Error::NoSpace,
+        other => other,
+    }
 }

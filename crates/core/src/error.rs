@@ -31,6 +31,12 @@ pub enum Error {
     LeaseTtlTooLarge,
     #[error("request is too large")]
     RequestTooLarge,
+    /// The datastore has no room for the write (disk or configured size full); raises NOSPACE.
+    #[error("database space exceeded")]
+    NoSpace,
+    /// A CORRUPT alarm is active: writes are refused until it is deactivated.
+    #[error("corrupt cluster")]
+    Corrupt,
     /// A request field or RPC kine-rs does not support; the text names it.
     #[error("{0}")]
     Unsupported(String),

@@ -2,6 +2,7 @@
 //! datastore. Backends plug in through [`backend::Backend`]; the shared write engine
 //! ([`txn`]) and range logic ([`range`]) run over the narrow [`view`] traits.
 
+pub mod alarm;
 pub mod backend;
 pub mod compactor;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod memory;
 pub mod range;
 pub mod request;
 pub mod shutdown;
+pub mod snapshot;
 pub mod store;
 pub mod txn;
 pub mod types;

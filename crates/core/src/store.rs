@@ -1,12 +1,14 @@
 //! The etcd KV, lease and watch API in plain Rust: validation, then the backend.
 //! This is what the gRPC layer calls; it knows nothing of gRPC.
 
+use crate::alarm::{Access, Alarm, AlarmKind, Alarms};
 use crate::backend::{Backend, BackendStatus};
 use crate::compactor::{self, CompactOptions};
 use crate::error::{Error, Result};
 use crate::lease::{Lessor, TimeToLive};
 use crate::request::*;
 use crate::shutdown::Shutdown;
+use crate::snapshot;
 use crate::txn::{WriteOp, WriteResponse};
 use crate::types::{LeaseId, Revision};
 use crate::validate;
@@ -32,12 +34,25 @@ pub struct Store {
     backend: Arc<dyn Backend>,
     lessor: Arc<Lessor>,
     options: StoreOptions,
+    alarms: Alarms,
+}
+
+/// A Maintenance.HashKV answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeySpaceHash {
+    pub hash: u32,
+    /// The revision hashed.
+    pub hash_revision: Revision,
+    /// The compact revision when hashing (-1 if never compacted).
+    pub compact_revision: Revision,
+    /// The store's current revision.
+    pub revision: Revision,
 }
 
 impl Store {
     pub async fn open(backend: Arc<dyn Backend>, options: StoreOptions) -> Result<Arc<Store>> {
         let lessor = Lessor::load(backend.clone()).await?;
-        Ok(Arc::new(Store { backend, lessor, options }))
+        Ok(Arc::new(Store { backend, lessor, options, alarms: Alarms::default() }))
     }
 
     /// Starts the store's background tasks (lease expiry, automatic compaction).
@@ -60,7 +75,12 @@ impl Store {
     }
 
     async fn txn_raw(&self, t: TxnRequest) -> Result<Revisioned<TxnResponse>> {
-        let r = self.backend.write(WriteOp::Txn(t)).await?;
+        if crate::alarm::txn_puts(&t) {
+            self.alarms.check(Access::Grow)?;
+        } else if crate::alarm::txn_writes(&t) {
+            self.alarms.check(Access::Write)?;
+        }
+        let r = self.backend.write(WriteOp::Txn(t)).await.inspect_err(|e| self.raise_on_full(e))?;
         match r.value {
             WriteResponse::Txn(value) => Ok(Revisioned { revision: r.revision, value }),
             other => Err(Error::Backend(anyhow::anyhow!("unexpected write response {other:?}"))),
@@ -97,16 +117,74 @@ impl Store {
 
     /// Compacts to `revision`. Returns the current revision.
     pub async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.alarms.check(Access::Write)?;
         self.backend.compact(revision).await
     }
 
     pub async fn lease_grant(&self, id: LeaseId, ttl: i64) -> Result<(LeaseId, i64, Revision)> {
-        let (id, ttl) = self.lessor.grant(id, ttl).await?;
+        self.alarms.check(Access::Grow)?;
+        let (id, ttl) = self.lessor.grant(id, ttl).await.inspect_err(|e| self.raise_on_full(e))?;
         Ok((id, ttl, self.backend.revisions().await?.current))
     }
 
     pub async fn lease_revoke(&self, id: LeaseId) -> Result<Revision> {
+        self.alarms.check(Access::Write)?;
         self.lessor.revoke(id).await
+    }
+
+    /// A datastore that reports itself full raises NOSPACE for this member, as etcd does when
+    /// its quota is exceeded; it stays raised until deactivated.
+    fn raise_on_full(&self, e: &Error) {
+        if matches!(e, Error::NoSpace) {
+            self.alarms.activate(Alarm { member_id: self.backend.member_id(), kind: AlarmKind::NoSpace });
+        }
+    }
+
+    pub fn alarms(&self) -> &Alarms {
+        &self.alarms
+    }
+
+    /// A hash of the key space at `revision` (0: current), as Maintenance.HashKV reports it.
+    pub async fn hash_kv(&self, revision: Revision) -> Result<KeySpaceHash> {
+        let revs = self.backend.revisions().await?;
+        let at = snapshot::check_revision(revision, revs.current, revs.compacted)?;
+        let hash = snapshot::hash(self.backend.as_ref(), at, None).await?;
+        Ok(KeySpaceHash { hash, hash_revision: at, compact_revision: revs.compacted, revision: revs.current })
+    }
+
+    /// A hash of the current key space and the leases (Maintenance.Hash). Returns it with the
+    /// revision hashed.
+    pub async fn hash(&self) -> Result<(u32, Revision)> {
+        let current = self.backend.revisions().await?.current;
+        let mut leases = self.backend.leases().await?;
+        leases.sort_unstable();
+        Ok((snapshot::hash(self.backend.as_ref(), current, Some(&leases)).await?, current))
+    }
+
+    /// Writes a snapshot of the current key space and leases (without its sha256, which the
+    /// caller appends) to `out`. Returns the revision it holds.
+    pub async fn snapshot<W: tokio::io::AsyncWrite + Unpin>(&self, out: &mut W) -> Result<Revision> {
+        use tokio::io::AsyncWriteExt;
+        let io = |e: std::io::Error| Error::Backend(anyhow::anyhow!("writing the snapshot: {e}"));
+        let revs = self.backend.revisions().await?;
+        let mut leases = self.backend.leases().await?;
+        leases.sort_unstable();
+        let head = snapshot::encode_head(revs.current, revs.compacted, self.backend.cluster_id(), &leases);
+        out.write_all(&head).await.map_err(io)?;
+        let mut written = head.len() as u64;
+        let mut pages = snapshot::Pages::new(self.backend.as_ref(), revs.current);
+        let mut count = 0u64;
+        let mut buf = Vec::new();
+        while let Some(kvs) = pages.next().await? {
+            buf.clear();
+            kvs.iter().for_each(|kv| snapshot::encode_kv(&mut buf, kv));
+            count += kvs.len() as u64;
+            written += buf.len() as u64;
+            out.write_all(&buf).await.map_err(io)?;
+        }
+        out.write_all(&snapshot::encode_tail(count, written)).await.map_err(io)?;
+        out.flush().await.map_err(io)?;
+        Ok(revs.current)
     }
 
     pub async fn lease_keep_alive(&self, id: LeaseId) -> Result<i64> {

@@ -87,4 +87,24 @@ pub struct Cli {
     /// Log at debug level (RUST_LOG, when set, takes precedence)
     #[arg(long, env = "KINE_DEBUG")]
     pub debug: bool,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Something other than serving.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Snapshots taken with `etcdctl snapshot save` from kine-rs
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum SnapshotCommand {
+    /// Writes a snapshot into a new datastore (sqlite://PATH given with --endpoint), then exits
+    Restore {
+        /// The file `etcdctl snapshot save` wrote
+        file: PathBuf,
+    },
 }

@@ -7,6 +7,7 @@ mod duration;
 mod embedded;
 mod endpoint;
 mod listen;
+mod restore;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -27,6 +28,15 @@ fn init_logging(cli: &cli::Cli) {
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     init_logging(&cli);
+    if let Some(cli::Command::Snapshot(cli::SnapshotCommand::Restore { file })) = &cli.command {
+        return match restore::run(&cli.endpoint, file) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -1,8 +1,9 @@
 //! Differential test against real etcd 3.6: seeded random request sequences (puts, ranges and
-//! deletes with every option, nested Txns with every compare, leases, compaction, watches with
-//! start revisions and filters) go to a fresh etcd and a fresh kine-rs, and every answer must be
-//! equal field by field (see `differential/exec.rs` for the few fields that may differ). On a
-//! difference the test prints the seed and a shrunk sequence that still shows it.
+//! deletes with every option, nested Txns with every compare, leases, compaction, HashKV,
+//! alarms, watches with start revisions and filters) go to a fresh etcd and a fresh kine-rs, and
+//! every answer must be equal field by field (see `differential/exec.rs` for the few fields that
+//! may differ). On a difference the test prints the seed and a shrunk sequence that still
+//! shows it.
 //!
 //! `KINE_DIFF_SEED=N` runs one seed; `KINE_DIFF_SEEDS` (seeds per backend) and `KINE_DIFF_OPS`
 //! (requests per sequence) change the amount of work.
@@ -184,7 +185,7 @@ async fn differential(backend: &str) {
         Ok(s) => vec![s.parse().expect("KINE_DIFF_SEED is a number")],
         Err(_) => {
             let base = env("KINE_DIFF_BASE", 1);
-            (base..base + env("KINE_DIFF_SEEDS", 6)).collect()
+            (base..base + env("KINE_DIFF_SEEDS", 10)).collect()
         }
     };
     let n = env("KINE_DIFF_OPS", 250) as usize;

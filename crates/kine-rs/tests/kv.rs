@@ -196,8 +196,8 @@ async fn bad_input_gets_etcd_errors_and_no_panic() {
 async fn unsupported_rpcs_are_rejected_precisely() {
     let (server, _dir) = sqlite_server(&[]);
     let mut c = server.client().await;
-    let e = c.hash_kv(0).await.unwrap_err();
-    assert_eq!(code(&e), (tonic::Code::Unimplemented, "Maintenance.HashKV is not supported by kine-rs".into()));
+    let e = c.move_leader(1).await.unwrap_err();
+    assert_eq!(code(&e), (tonic::Code::Unimplemented, "Maintenance.MoveLeader is not supported by kine-rs".into()));
     let e = c.member_add(["http://127.0.0.1:1"], None).await.unwrap_err();
     assert_eq!(code(&e).0, tonic::Code::Unimplemented);
     let e = c.auth_enable().await.unwrap_err();

@@ -21,6 +21,8 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
         Error::LeaseExists => etcd(Code::FailedPrecondition, "etcdserver: lease already exists"),
         Error::LeaseTtlTooLarge => etcd(Code::OutOfRange, "etcdserver: too large lease TTL"),
         Error::RequestTooLarge => etcd(Code::InvalidArgument, "etcdserver: request is too large"),
+        Error::NoSpace => etcd(Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
+        Error::Corrupt => etcd(Code::DataLoss, "etcdserver: corrupt cluster"),
         Error::Unsupported(what) => (Code::Unimplemented, what.clone()),
         Error::InvalidArgument(what) => (Code::InvalidArgument, what.clone()),
         Error::Unavailable(what) => (Code::Unavailable, what.clone()),

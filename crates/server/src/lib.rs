@@ -9,6 +9,7 @@ pub mod error;
 mod kv;
 mod lease;
 mod maintenance;
+mod snapshot;
 mod watch;
 
 use kine_core::shutdown::Shutdown;

@@ -12,17 +12,40 @@ pub struct MaintenanceService(pub Context);
 #[tonic::async_trait]
 impl pb::maintenance_server::Maintenance for MaintenanceService {
     async fn alarm(&self, request: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
+        use kine_core::alarm::{Alarm, AlarmKind};
         use pb::alarm_request::AlarmAction;
         let req = request.into_inner();
-        match AlarmAction::try_from(req.action) {
-            // There are never alarms: nothing to list, nothing to deactivate.
-            Ok(AlarmAction::Get) | Ok(AlarmAction::Deactivate) => {
-                let revision = self.0.store.current_revision().await.map_err(status)?;
-                Ok(Response::new(pb::AlarmResponse { header: self.0.headers.at(revision), alarms: Vec::new() }))
+        let kind = match pb::AlarmType::try_from(req.alarm) {
+            Ok(pb::AlarmType::None) => None,
+            Ok(pb::AlarmType::Nospace) => Some(AlarmKind::NoSpace),
+            Ok(pb::AlarmType::Corrupt) => Some(AlarmKind::Corrupt),
+            Err(_) => return Err(Status::invalid_argument(format!("etcdserver: unknown alarm type {}", req.alarm))),
+        };
+        let alarms = self.0.store.alarms();
+        let changed = match (AlarmAction::try_from(req.action), kind) {
+            (Ok(AlarmAction::Get), kind) => alarms.list(kind),
+            // As etcd: activating or deactivating "no alarm" does nothing.
+            (Ok(AlarmAction::Activate | AlarmAction::Deactivate), None) => Vec::new(),
+            (Ok(AlarmAction::Activate), Some(kind)) => vec![alarms.activate(Alarm { member_id: req.member_id, kind })],
+            (Ok(AlarmAction::Deactivate), Some(kind)) => {
+                alarms.deactivate(Alarm { member_id: req.member_id, kind }).into_iter().collect()
             }
-            Ok(AlarmAction::Activate) => Err(unsupported("Maintenance.Alarm ACTIVATE")),
-            Err(_) => Err(Status::invalid_argument(format!("etcdserver: unknown alarm action {}", req.action))),
-        }
+            (Err(_), _) => {
+                return Err(Status::invalid_argument(format!("etcdserver: unknown alarm action {}", req.action)));
+            }
+        };
+        let alarms = changed
+            .into_iter()
+            .map(|a| pb::AlarmMember {
+                member_id: a.member_id,
+                alarm: match a.kind {
+                    AlarmKind::NoSpace => pb::AlarmType::Nospace,
+                    AlarmKind::Corrupt => pb::AlarmType::Corrupt,
+                } as i32,
+            })
+            .collect();
+        let revision = self.0.store.current_revision().await.map_err(status)?;
+        Ok(Response::new(pb::AlarmResponse { header: self.0.headers.at(revision), alarms }))
     }
 
     async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
@@ -55,17 +78,25 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
     }
 
     async fn hash(&self, _request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
-        Err(unsupported("Maintenance.Hash"))
+        let (hash, revision) = self.0.store.hash().await.map_err(status)?;
+        Ok(Response::new(pb::HashResponse { header: self.0.headers.at(revision), hash }))
     }
 
-    async fn hash_kv(&self, _request: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
-        Err(unsupported("Maintenance.HashKV"))
+    async fn hash_kv(&self, request: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
+        let h = self.0.store.hash_kv(request.into_inner().revision).await.map_err(status)?;
+        Ok(Response::new(pb::HashKvResponse {
+            header: self.0.headers.at(h.revision),
+            hash: h.hash,
+            compact_revision: h.compact_revision,
+            hash_revision: h.hash_revision,
+        }))
     }
 
     type SnapshotStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
 
     async fn snapshot(&self, _request: Request<pb::SnapshotRequest>) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(unsupported("Maintenance.Snapshot"))
+        let rx = crate::snapshot::stream(&self.0).await?;
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn move_leader(

@@ -5,7 +5,9 @@
 use super::requests::Op;
 use super::revisions::Renaming;
 use kine_proto::etcdserverpb as pb;
-use kine_proto::etcdserverpb::{kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClient};
+use kine_proto::etcdserverpb::{
+    kv_client::KvClient, lease_client::LeaseClient, maintenance_client::MaintenanceClient, watch_client::WatchClient,
+};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::Streaming;
@@ -23,6 +25,8 @@ pub enum Outcome {
     LeaseRevoke(pb::LeaseRevokeResponse),
     LeaseTimeToLive(pb::LeaseTimeToLiveResponse),
     Leases(pb::LeaseLeasesResponse),
+    HashKv(pb::HashKvResponse),
+    Alarm(pb::AlarmResponse),
     Watch(Vec<pb::WatchResponse>),
     /// gRPC code and message.
     Error(i32, String),
@@ -41,6 +45,8 @@ impl Outcome {
             Outcome::LeaseRevoke(r) => &r.header,
             Outcome::LeaseTimeToLive(r) => &r.header,
             Outcome::Leases(r) => &r.header,
+            Outcome::HashKv(r) => &r.header,
+            Outcome::Alarm(r) => &r.header,
             Outcome::Watch(_) | Outcome::Error(..) => return None,
         };
         header.as_ref().map(|h| h.revision)
@@ -89,6 +95,7 @@ pub struct OpenWatch {
 pub struct Side {
     kv: KvClient<Channel>,
     lease: LeaseClient<Channel>,
+    maintenance: MaintenanceClient<Channel>,
     channel: Channel,
     pub watches: Vec<OpenWatch>,
 }
@@ -99,6 +106,7 @@ impl Side {
         Side {
             kv: KvClient::new(channel.clone()),
             lease: LeaseClient::new(channel.clone()),
+            maintenance: MaintenanceClient::new(channel.clone()),
             channel,
             watches: Vec::new(),
         }
@@ -154,6 +162,18 @@ impl Side {
                 header(&mut r.header);
                 r.leases.sort_by_key(|l| l.id);
                 Outcome::Leases(r)
+            }),
+            Op::HashKv(r) => self.maintenance.hash_kv(r).await.map(|r| {
+                let mut r = r.into_inner();
+                header(&mut r.header);
+                r.hash = 0;
+                Outcome::HashKv(r)
+            }),
+            Op::Alarm(r) => self.maintenance.alarm(r).await.map(|r| {
+                let mut r = r.into_inner();
+                header(&mut r.header);
+                r.alarms.sort_by_key(|a| (a.member_id, a.alarm));
+                Outcome::Alarm(r)
             }),
             Op::Watch(create) => return self.watch(create).await,
         };

@@ -61,12 +61,14 @@ impl Renaming {
             Op::Txn(t) => self.txn_request(t),
             Op::Compact(c) => c.revision = self.kine(c.revision),
             Op::Watch(w) => w.start_revision = self.kine(w.start_revision),
+            Op::HashKv(h) => h.revision = self.kine(h.revision),
             Op::Put(_)
             | Op::Delete(_)
             | Op::LeaseGrant(_)
             | Op::LeaseRevoke(_)
             | Op::LeaseTimeToLive(_)
-            | Op::LeaseLeases => {}
+            | Op::LeaseLeases
+            | Op::Alarm(_) => {}
         }
     }
 
@@ -160,6 +162,12 @@ impl Renaming {
             Outcome::LeaseRevoke(r) => self.header(&mut r.header),
             Outcome::LeaseTimeToLive(r) => self.header(&mut r.header),
             Outcome::Leases(r) => self.header(&mut r.header),
+            Outcome::Alarm(r) => self.header(&mut r.header),
+            Outcome::HashKv(r) => {
+                self.header(&mut r.header);
+                r.hash_revision = self.etcd(r.hash_revision);
+                r.compact_revision = self.etcd(r.compact_revision);
+            }
             Outcome::Watch(ws) => ws.iter_mut().for_each(|w| self.watch(w)),
             Outcome::Error(..) => {}
         }
