@@ -10,7 +10,7 @@
 // Configuration comes from the environment:
 //
 //	KINE_RS_BIN         path of the kine-rs binary (required)
-//	KINE_RS_BACKEND     sqlite (default), memory, nats or nats-embedded; see endpointFor
+//	KINE_RS_BACKEND     sqlite (default), memory, nats, nats-embedded or postgres; see endpointFor
 //	KINE_RS_NATS_URL    nats://host:port of the nats-server for KINE_RS_BACKEND=nats
 //	KINE_RS_LOG_DIR     optional directory that keeps one server log per test
 //	                    (default: a per-test temporary directory)
@@ -216,16 +216,24 @@ func endpointFor(backend, dir string) (string, error) {
 		// Each kine-rs runs its own in-process nats-server (bare nats://), with
 		// JetStream stored in the test's directory.
 		return "nats://?dataDir=" + filepath.Join(dir, "nats"), nil
-	case "postgres", "mysql":
-		// These need a server (or a fresh database per test) that the
-		// harness does not provision yet.
+	case "postgres":
+		// run.sh starts one PostgreSQL server for the run; every test gets a database
+		// of its own (kine-rs creates it).
+		pgURL := os.Getenv("KINE_RS_PG_URL")
+		if pgURL == "" {
+			return "", fmt.Errorf("KINE_RS_BACKEND=postgres needs KINE_RS_PG_URL (run.sh starts PostgreSQL and sets it)")
+		}
+		bucketSeq++
+		return fmt.Sprintf("%s/t%d_%d?sslmode=disable", pgURL, os.Getpid(), bucketSeq), nil
+	case "mysql":
 		return "", fmt.Errorf("KINE_RS_BACKEND=%s is not supported by the conformance harness yet", backend)
 	default:
-		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite, memory, nats or nats-embedded)", backend)
+		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite, memory, nats, nats-embedded or postgres)", backend)
 	}
 }
 
-// bucketSeq numbers the NATS buckets of one test binary (servers start one at a time).
+// bucketSeq numbers the NATS buckets and PostgreSQL databases of one test binary (servers
+// start one at a time).
 var bucketSeq int
 
 // progressNotifyInterval returns the interval etcd would use for cfg.

@@ -4,6 +4,7 @@
 //! the shared write engine of `kine-core` with their own dialect.
 //! This crate knows SQL and `kine-core`, nothing of gRPC.
 
+mod pg;
 mod pool;
 mod restore;
 mod schema;
@@ -11,5 +12,6 @@ mod sqlite;
 mod view;
 mod writer;
 
+pub use pg::{PostgresBackend, PostgresOptions};
 pub use restore::restore_sqlite;
 pub use sqlite::{SqliteBackend, SqliteOptions};

@@ -86,6 +86,17 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             no_datastore_tls(cli, "memory")?;
             (Arc::new(kine_core::memory::MemoryBackend::new()), None)
         }
+        Endpoint::Postgres { url } => {
+            if cli.ca_file.is_some() || cli.cert_file.is_some() || cli.key_file.is_some() || cli.skip_verify {
+                bail!("--ca-file/--cert-file/--key-file/--skip-verify: TLS to PostgreSQL is not supported yet");
+            }
+            let options = kine_backend_sql::PostgresOptions { url };
+            // Connecting blocks (the synchronous PostgreSQL client runs its own runtime).
+            let backend = tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options))
+                .await
+                .context("open PostgreSQL")??;
+            (Arc::new(backend), None)
+        }
         Endpoint::Nats(config) => {
             if cli.skip_verify {
                 bail!("--skip-verify is not supported with nats:// (give the server's CA with --ca-file)");

@@ -6,8 +6,14 @@ pub const DEFAULT_SQLITE_PATH: &str = "./db/state.db";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
-    Sqlite { path: PathBuf },
+    Sqlite {
+        path: PathBuf,
+    },
     Memory,
+    /// `postgres://` or `postgresql://`, kept whole (libpq's URL form).
+    Postgres {
+        url: String,
+    },
     Nats(Box<kine_backend_nats::config::NatsConfig>),
 }
 
@@ -124,11 +130,12 @@ pub fn parse(endpoint: &str) -> Result<Endpoint, String> {
             check_nats(endpoint, &cfg)?;
             Ok(Endpoint::Nats(Box::new(cfg)))
         }
-        "postgres" | "postgresql" | "mysql" | "jetstream" => Err(format!(
-            "--endpoint {endpoint:?}: the {scheme} backend is not available in this version of kine-rs (supported: sqlite://, memory://, nats://)"
+        "postgres" | "postgresql" => Ok(Endpoint::Postgres { url: endpoint.to_string() }),
+        "mysql" | "jetstream" => Err(format!(
+            "--endpoint {scheme}://…: the {scheme} backend is not available in this version of kine-rs (supported: sqlite://, memory://, nats://, postgres://)"
         )),
         other => Err(format!(
-            "--endpoint {endpoint:?}: unknown datastore scheme {other:?} (supported: sqlite://, memory://, nats://)"
+            "--endpoint {scheme}://…: unknown datastore scheme {other:?} (supported: sqlite://, memory://, nats://, postgres://)"
         )),
     }
 }

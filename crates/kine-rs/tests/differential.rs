@@ -31,6 +31,7 @@ struct Kine {
     server: Server,
     _dir: TempDir,
     _nats: Option<kine_testkit::nats::NatsServer>,
+    _pg: Option<kine_testkit::postgres::PgServer>,
 }
 
 fn kine(backend: &str) -> Kine {
@@ -43,9 +44,14 @@ fn kine(backend: &str) -> Kine {
             (format!("{}?noEmbed", nats.url()), Some(nats))
         }
         "nats-embedded" => (format!("nats://?dataDir={}", dir.path().join("nats").display()), None),
+        "postgres" => {
+            let pg = kine_testkit::postgres::PgServer::start();
+            let url = pg.url("diff");
+            return Kine { server: Server::start(&["--endpoint", &url]), _dir: dir, _nats: None, _pg: Some(pg) };
+        }
         other => panic!("unknown backend {other}"),
     };
-    Kine { server: Server::start(&["--endpoint", &endpoint]), _dir: dir, _nats: nats }
+    Kine { server: Server::start(&["--endpoint", &endpoint]), _dir: dir, _nats: nats, _pg: None }
 }
 
 /// A difference: the index of the first request answered differently, both answers, or the
@@ -227,6 +233,11 @@ async fn same_answers_as_etcd_on_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_answers_as_etcd_on_nats() {
     differential("nats").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_answers_as_etcd_on_postgres() {
+    differential("postgres").await;
 }
 
 #[cfg(feature = "embedded-nats")]

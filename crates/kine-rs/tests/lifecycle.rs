@@ -19,11 +19,11 @@ fn bad_flags_fail_at_start_naming_the_problem() {
     let l = ["--listen-address", "127.0.0.1:0"];
     fails_with(
         &[&l[..], &["--endpoint", "redis://x"]].concat(),
-        "--endpoint \"redis://x\": unknown datastore scheme \"redis\"",
+        "--endpoint redis://…: unknown datastore scheme \"redis\"",
     );
     fails_with(&[&l[..], &["--endpoint", "nonsense"]].concat(), "invalid datastore endpoint");
     fails_with(&[&l[..], &["--endpoint", "sqlite://x.db?_journal=DELETE"]].concat(), "_journal=DELETE");
-    fails_with(&[&l[..], &["--endpoint", "postgres://u@h/db"]].concat(), "postgres backend is not available");
+    fails_with(&[&l[..], &["--endpoint", "mysql://u:secret@tcp(h)/db"]].concat(), "mysql backend is not available");
     fails_with(&["--watch-progress-notify-interval", "0"], "--watch-progress-notify-interval");
     fails_with(&["--compact-interval", "5"], "missing unit");
     fails_with(&["--log-format", "xml"], "--log-format");

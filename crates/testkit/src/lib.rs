@@ -5,6 +5,7 @@ pub mod certs;
 pub mod contract;
 pub mod model;
 pub mod nats;
+pub mod postgres;
 
 use kine_core::backend::Backend;
 use std::path::Path;
@@ -18,6 +19,14 @@ pub fn sqlite(dir: &Path) -> Arc<dyn Backend> {
     Arc::new(
         kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path: dir.join("state.db") })
             .expect("open sqlite backend"),
+    )
+}
+
+/// A PostgreSQL backend on database `db` of `server` (created if missing).
+pub fn postgres(server: &postgres::PgServer, db: &str) -> Arc<dyn Backend> {
+    Arc::new(
+        kine_backend_sql::PostgresBackend::open(kine_backend_sql::PostgresOptions { url: server.url(db) })
+            .expect("open postgres backend"),
     )
 }
 

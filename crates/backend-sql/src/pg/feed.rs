@@ -1,0 +1,132 @@
+//! This node's event feed on a shared PostgreSQL database: a thread that LISTENs for commits
+//! of any node (`NOTIFY kine_rs`), reads every revision after the last one it published, in
+//! order, from one snapshot, and publishes them. It also polls once a second, in case a
+//! notification is lost with a connection.
+
+use super::view;
+use super::{Connector, Shared};
+use anyhow::Context;
+use kine_core::KeyRange;
+use kine_core::backend::LeaseUpdate;
+use postgres::fallible_iterator::FallibleIterator;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+const POLL: Duration = Duration::from_secs(1);
+
+pub fn spawn(connector: Connector, shared: Arc<Shared>) -> std::io::Result<()> {
+    std::thread::Builder::new().name("pg-feed".into()).spawn(move || run(connector, shared))?;
+    Ok(())
+}
+
+fn run(connector: Connector, shared: Arc<Shared>) {
+    let mut client: Option<postgres::Client> = None;
+    let mut failing = false;
+    while !shared.closed.load(Ordering::SeqCst) {
+        if client.as_ref().is_none_or(|c| c.is_closed()) {
+            client = match connector.connect().and_then(|mut c| {
+                c.batch_execute("LISTEN kine_rs; LISTEN kine_rs_lease").context("LISTEN")?;
+                refresh_leases(&mut c, &shared)?;
+                Ok(c)
+            }) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = format!("{e:#}"), "PostgreSQL event feed cannot connect; retrying");
+                        failing = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                    continue;
+                }
+            };
+        }
+        let conn = client.as_mut().expect("connected");
+        match catch_up(conn, &shared) {
+            Ok(()) => {
+                if failing {
+                    tracing::info!("PostgreSQL event feed connected again");
+                    failing = false;
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = format!("{e:#}"), "PostgreSQL event feed failed; retrying");
+                    failing = true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        }
+        // Wait for a commit (of any node), then take every notification already there.
+        let mut notes = conn.notifications();
+        if let Ok(Some(n)) = notes.timeout_iter(POLL).next() {
+            lease_note(&shared, n.channel(), n.payload());
+        }
+        while let Ok(Some(n)) = notes.iter().next() {
+            lease_note(&shared, n.channel(), n.payload());
+        }
+    }
+}
+
+/// Publishes every revision after the published one, up to the database's current revision.
+fn catch_up(conn: &mut postgres::Client, shared: &Shared) -> anyhow::Result<()> {
+    let published = shared.current.load(Ordering::SeqCst);
+    let mut tx = conn
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .context("begin feed transaction")?;
+    let (current, compacted) = super::schema::revisions(&mut tx)?;
+    let events =
+        if current > published { view::events(&mut tx, &KeyRange::all(), published, current)? } else { Vec::new() };
+    tx.commit().context("end feed transaction")?;
+    if published + 1 < compacted && current > published {
+        // Another node compacted history this node had not published yet.
+        tracing::error!(published, compacted, "the event feed fell behind a compaction; watches may miss events");
+    }
+    shared.compacted.store(compacted, Ordering::SeqCst);
+    for ev in events {
+        // Advance the revision before publishing (see the Backend invariants).
+        shared.current.store(ev.revision, Ordering::SeqCst);
+        let _ = shared.feed.send(Arc::new(ev));
+    }
+    if current > shared.current.load(Ordering::SeqCst) {
+        shared.current.store(current, Ordering::SeqCst);
+    }
+    shared.published.send_replace(current.max(published));
+    Ok(())
+}
+
+/// A lease change announced by a node (`renew ID TTL RENEWALS` or `revoke ID`).
+fn lease_note(shared: &Shared, channel: &str, payload: &str) {
+    if channel != "kine_rs_lease" {
+        return;
+    }
+    let parts: Vec<&str> = payload.split(' ').collect();
+    let num = |i: usize| parts.get(i).and_then(|p| p.parse::<i64>().ok());
+    match (parts.first().copied(), num(1), num(2), num(3)) {
+        (Some("renew"), Some(id), Some(ttl), Some(renewals)) => {
+            shared.seen().insert(id, renewals);
+            let _ = shared.lease_updates.send(LeaseUpdate::Renewed { id, ttl });
+        }
+        (Some("revoke"), Some(id), _, _) => {
+            shared.seen().remove(&id);
+            let _ = shared.lease_updates.send(LeaseUpdate::Revoked { id });
+        }
+        _ => tracing::warn!(payload, "unknown lease notification"),
+    }
+}
+
+/// After (re)connecting: notifications may have been lost, so every lease starts its TTL again
+/// on this node (as etcd does on a leader change) with its current renewal count.
+fn refresh_leases(conn: &mut postgres::Client, shared: &Shared) -> anyhow::Result<()> {
+    let rows = conn.query_typed("SELECT id, ttl, renewals FROM lease", &[]).context("read leases")?;
+    for row in rows {
+        let (id, ttl, renewals): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        shared.seen().insert(id, renewals);
+        let _ = shared.lease_updates.send(LeaseUpdate::Renewed { id, ttl });
+    }
+    Ok(())
+}

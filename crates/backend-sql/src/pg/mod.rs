@@ -1,0 +1,372 @@
+//! `postgres://user:pass@host:port/db?params`: PostgreSQL, shared by any number of kine-rs
+//! nodes. The log and the rules are SQLite's (`kv`, one row per change); what differs:
+//! - writes lock the revision counter row for their transaction (`writer.rs`), so several nodes
+//!   commit gap-free revisions in order, without fill rows;
+//! - events reach this node's watchers through its feed (`feed.rs`), which publishes every
+//!   node's commits in revision order (LISTEN/NOTIFY, polling once a second as a fallback);
+//! - `revisions()` reads the database's revision and waits until the feed has published it,
+//!   so a watch started after an acknowledged write on any node never misses or repeats it.
+
+mod feed;
+mod pool;
+mod schema;
+mod view;
+mod writer;
+
+use crate::writer::Job;
+use anyhow::Context;
+use kine_core::backend::{Backend, BackendStatus, FEED_CAPACITY, LeaseUpdate, Revisions};
+use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
+use kine_core::txn::{WriteOp, WriteResponse};
+use kine_core::view::WriteView;
+use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, range};
+use pool::ReadPool;
+use postgres::types::Type;
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+use tokio::sync::{broadcast, oneshot, watch};
+use view::PgView;
+
+/// How long a read waits for this node's feed to publish what the database already holds.
+const FEED_WAIT: Duration = Duration::from_secs(5);
+/// Connection attempts give up after this unless the URL sets `connect_timeout`.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long start-up waits for a database that is not reachable yet.
+const START_PATIENCE: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    /// The endpoint as given (`postgres://` or `postgresql://`).
+    pub url: String,
+}
+
+/// Opens connections to the configured database.
+#[derive(Clone)]
+pub struct Connector {
+    config: postgres::Config,
+}
+
+impl Connector {
+    pub fn connect(&self) -> anyhow::Result<postgres::Client> {
+        self.config.connect(postgres::NoTls).context("connect to PostgreSQL")
+    }
+}
+
+/// State shared by the writer, the feed and the async side.
+pub struct Shared {
+    /// The last revision this node's feed published.
+    pub current: AtomicI64,
+    pub compacted: AtomicI64,
+    pub feed: broadcast::Sender<Arc<RevisionEvents>>,
+    /// The database revision the feed has caught up with (for `revisions()` to wait on).
+    pub published: watch::Sender<Revision>,
+    pub closed: AtomicBool,
+    /// Lease changes of every node, for this node's lessor.
+    pub lease_updates: broadcast::Sender<LeaseUpdate>,
+    /// Each lease's renewal count as this node last heard of it.
+    pub lease_seen: Mutex<HashMap<LeaseId, i64>>,
+}
+
+impl Shared {
+    pub fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, i64>> {
+        self.lease_seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub struct PostgresBackend {
+    shared: Arc<Shared>,
+    writer: Mutex<Option<mpsc::Sender<Job>>>,
+    readers: Arc<ReadPool>,
+    cluster_id: u64,
+    member_id: u64,
+}
+
+fn stopped() -> Error {
+    Error::Unavailable("etcdserver: server stopped".into())
+}
+
+/// The endpoint without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].find(':') {
+            Some(colon) => format!("{}:***{}", &url[..s + 3 + colon], &url[at..]),
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    }
+}
+
+impl PostgresBackend {
+    /// Connects, creates the database if it is missing and the schema if needed, and starts
+    /// this node's writer and feed. Blocks; callable from async code (the synchronous client
+    /// runs on a thread of its own).
+    pub fn open(options: PostgresOptions) -> anyhow::Result<PostgresBackend> {
+        std::thread::spawn(move || Self::open_here(options))
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("opening PostgreSQL panicked")))
+    }
+
+    fn open_here(options: PostgresOptions) -> anyhow::Result<PostgresBackend> {
+        let shown = redact(&options.url);
+        let url = options.url.replacen("postgresql://", "postgres://", 1);
+        let mut config =
+            postgres::Config::from_str(&url).with_context(|| format!("--endpoint {shown}: invalid URL"))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        let connector = Connector { config };
+        // A database that is starting (or not reachable yet) gets a while; a refusal (wrong
+        // password, no such role) does not.
+        let started = std::time::Instant::now();
+        let mut warned = false;
+        let mut client = loop {
+            match connector.connect() {
+                Ok(c) => break c,
+                Err(e) if missing_database(&e) => {
+                    create_database(&connector).with_context(|| format!("--endpoint {shown}"))?;
+                }
+                Err(e) if !refused(&e) && started.elapsed() < START_PATIENCE => {
+                    if !warned {
+                        tracing::warn!(error = format!("{e:#}"), "PostgreSQL not reachable yet; retrying for 30 s");
+                        warned = true;
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e.context(format!("--endpoint {shown}"))),
+            }
+        };
+        let meta = schema::init(&mut client)?;
+        drop(client);
+        let shared = Arc::new(Shared {
+            current: AtomicI64::new(meta.revision),
+            compacted: AtomicI64::new(meta.compact_revision),
+            feed: broadcast::channel(FEED_CAPACITY).0,
+            published: watch::channel(meta.revision).0,
+            closed: AtomicBool::new(false),
+            lease_updates: broadcast::channel(1024).0,
+            lease_seen: Mutex::new(HashMap::new()),
+        });
+        let writer = writer::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL writer")?;
+        feed::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL event feed")?;
+        tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "PostgreSQL database open");
+        Ok(PostgresBackend {
+            shared,
+            writer: Mutex::new(Some(writer)),
+            readers: Arc::new(ReadPool::new(connector, 8)),
+            cluster_id: meta.cluster_id,
+            member_id: kine_core::id::random_nonzero(),
+        })
+    }
+
+    async fn submit<T>(&self, job: impl FnOnce(oneshot::Sender<Result<T>>) -> Job) -> Result<T> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let sender = writer.as_ref().ok_or_else(stopped)?;
+            sender.send(job(tx)).map_err(|_| stopped())?;
+        }
+        rx.await.map_err(|_| stopped())?
+    }
+}
+
+fn missing_database(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<postgres::Error>()
+            .and_then(|p| p.code())
+            .is_some_and(|code| *code == postgres::error::SqlState::INVALID_CATALOG_NAME)
+    })
+}
+
+/// An answer from the server that retrying will not change (authentication, permissions…),
+/// as opposed to no answer or "starting up".
+fn refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<postgres::Error>().and_then(|p| p.code()).is_some_and(|code| {
+            *code != postgres::error::SqlState::CANNOT_CONNECT_NOW
+                && *code != postgres::error::SqlState::TOO_MANY_CONNECTIONS
+        })
+    })
+}
+
+fn create_database(connector: &Connector) -> anyhow::Result<()> {
+    let name = connector.config.get_dbname().context("the URL names no database")?.to_string();
+    let mut admin = connector.config.clone();
+    admin.dbname("postgres");
+    let mut client = admin.connect(postgres::NoTls).context("connect to the postgres database to create ours")?;
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    match client.batch_execute(&format!("CREATE DATABASE {quoted}")) {
+        Ok(()) => {
+            tracing::info!(database = %name, "PostgreSQL database created");
+            Ok(())
+        }
+        // Another node created it first.
+        Err(e) if e.code() == Some(&postgres::error::SqlState::DUPLICATE_DATABASE) => Ok(()),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("create database {name}"))),
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for PostgresBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
+
+    fn member_id(&self) -> u64 {
+        self.member_id
+    }
+
+    async fn revisions(&self) -> Result<Revisions> {
+        if self.writer.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+            return Err(stopped());
+        }
+        let (current, compacted) = self.readers.read(|tx| Ok(schema::revisions(tx)?)).await?;
+        let mut published = self.shared.published.subscribe();
+        match tokio::time::timeout(FEED_WAIT, published.wait_for(|p| *p >= current)).await {
+            Ok(Ok(_)) => Ok(Revisions { current, compacted }),
+            _ => Err(Error::Unavailable(format!(
+                "etcdserver: this node's event feed has not caught up with revision {current} within {FEED_WAIT:?}"
+            ))),
+        }
+    }
+
+    async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        self.readers
+            .read(move |tx| {
+                let (current, compacted) = schema::revisions(tx)?;
+                let rev = range::read_revision(req.revision, current, compacted)?;
+                let mut view = PgView { client: tx, revision: current, compacted };
+                let value = range::execute(&mut view, &req, rev)?;
+                Ok(Revisioned { revision: current, value })
+            })
+            .await
+    }
+
+    async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        self.submit(|reply| Job::Write(op, reply)).await
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.submit(|reply| Job::Compact(revision, reply)).await
+    }
+
+    async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+        let range = range.clone();
+        self.readers
+            .read(move |tx| {
+                let (_, compacted) = schema::revisions(tx)?;
+                if after + 1 < compacted {
+                    return Err(Error::Compacted { compact_revision: compacted });
+                }
+                Ok(view::events(tx, &range, after, until)?)
+            })
+            .await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
+        self.shared.feed.subscribe()
+    }
+
+    async fn leases(&self) -> Result<Vec<(LeaseId, i64)>> {
+        let rows = self
+            .readers
+            .read(|tx| {
+                let rows =
+                    tx.query_typed("SELECT id, ttl, renewals FROM lease ORDER BY id", &[]).context("list leases")?;
+                Ok(rows
+                    .iter()
+                    .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)))
+                    .collect::<Vec<_>>())
+            })
+            .await?;
+        let mut seen = self.shared.seen();
+        for (id, _, renewals) in &rows {
+            seen.insert(*id, *renewals);
+        }
+        Ok(rows.into_iter().map(|(id, ttl, _)| (id, ttl)).collect())
+    }
+
+    /// A keep-alive on this node: counted in the database, announced to every node.
+    async fn lease_renew(&self, id: LeaseId, ttl: i64) -> Result<()> {
+        let renewals = self
+            .readers
+            .write(move |tx| {
+                let row = tx
+                    .query_typed_opt(
+                        "UPDATE lease SET renewals = renewals + 1 WHERE id = $1 RETURNING renewals",
+                        &[(&id, Type::INT8)],
+                    )
+                    .context("renew lease")?;
+                let Some(row) = row else { return Ok(None) };
+                let renewals: i64 = row.get(0);
+                let payload = format!("renew {id} {ttl} {renewals}");
+                tx.execute_typed("SELECT pg_notify('kine_rs_lease', $1)", &[(&payload, Type::TEXT)])
+                    .context("announce lease renewal")?;
+                Ok(Some(renewals))
+            })
+            .await?;
+        match renewals {
+            Some(n) => {
+                self.shared.seen().insert(id, n);
+                Ok(())
+            }
+            None => Err(Error::LeaseNotFound),
+        }
+    }
+
+    fn lease_updates(&self) -> Option<broadcast::Receiver<LeaseUpdate>> {
+        Some(self.shared.lease_updates.subscribe())
+    }
+
+    async fn lease_keys(&self, id: LeaseId) -> Result<Vec<Vec<u8>>> {
+        self.readers
+            .read(move |tx| {
+                let (current, compacted) = schema::revisions(tx)?;
+                PgView { client: tx, revision: current, compacted }.keys_with_lease(id, current)
+            })
+            .await
+    }
+
+    async fn status(&self) -> Result<BackendStatus> {
+        self.readers
+            .read(|tx| {
+                let size: i64 = tx
+                    .query_typed_one("SELECT pg_database_size(current_database())", &[])
+                    .context("read the database size")?
+                    .get(0);
+                Ok(BackendStatus { db_size: size, db_size_in_use: size })
+            })
+            .await
+    }
+
+    async fn defragment(&self) -> Result<()> {
+        self.submit(Job::Defragment).await
+    }
+
+    async fn close(&self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        let sender = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(sender) = sender {
+            let (tx, rx) = oneshot::channel();
+            if sender.send(Job::Close(tx)).is_ok() {
+                let _ = rx.await;
+            }
+        }
+        self.readers.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(super::redact("postgres://kine:secret@db:5432/kine"), "postgres://kine:***@db:5432/kine");
+        assert_eq!(super::redact("postgres://db/kine"), "postgres://db/kine");
+    }
+}

@@ -1,0 +1,94 @@
+//! The PostgreSQL schema: the same log as SQLite's (`kv`, one row per change; `meta`; `lease`),
+//! in PostgreSQL types. `meta.revision` is the revision counter every node's writer locks
+//! (`FOR UPDATE`) for the length of its transaction, so revisions are gap-free and commit in
+//! order whatever the number of nodes. `lease.renewals` counts keep-alives (from any node): an
+//! expired lease is revoked only if nobody renewed it since this node last heard of it. Every statement is sent unnamed (`query_typed`, or the
+//! simple protocol): nothing is prepared on the server, so PgBouncer in transaction mode works.
+
+use anyhow::{Context, Result};
+use postgres::GenericClient;
+use postgres::types::Type;
+
+pub const SCHEMA_VERSION: i64 = 1;
+
+const DDL: &str = "
+CREATE TABLE IF NOT EXISTS kv (
+    mod_revision    BIGINT  NOT NULL,
+    sub             INTEGER NOT NULL,
+    key             BYTEA   NOT NULL,
+    create_revision BIGINT  NOT NULL,
+    version         BIGINT  NOT NULL,
+    lease           BIGINT  NOT NULL,
+    deleted         BOOLEAN NOT NULL,
+    value           BYTEA   NOT NULL,
+    PRIMARY KEY (mod_revision, sub)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS kv_key_revision ON kv (key, mod_revision, sub);
+CREATE INDEX IF NOT EXISTS kv_lease ON kv (lease) WHERE lease <> 0;
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS lease (id BIGINT PRIMARY KEY, ttl BIGINT NOT NULL, renewals BIGINT NOT NULL DEFAULT 0);
+";
+
+#[derive(Clone, Copy, Debug)]
+pub struct Meta {
+    pub revision: i64,
+    pub compact_revision: i64,
+    pub cluster_id: u64,
+}
+
+/// Creates the schema if needed (several nodes may start at once: the first wins, under an
+/// advisory lock) and returns the stored bookkeeping.
+pub fn init(client: &mut postgres::Client) -> Result<Meta> {
+    let mut tx = client.transaction().context("begin schema transaction")?;
+    tx.batch_execute("SELECT pg_advisory_xact_lock(7355608)").context("lock schema creation")?;
+    tx.batch_execute(DDL).context("create schema")?;
+    match get(&mut tx, "schema_version")? {
+        None => {
+            set(&mut tx, "schema_version", SCHEMA_VERSION)?;
+            set(&mut tx, "revision", 1)?;
+            // -1: never compacted (etcd's first revision before any compaction).
+            set(&mut tx, "compact_revision", -1)?;
+            set(&mut tx, "cluster_id", kine_core::id::random_nonzero() as i64)?;
+        }
+        Some(SCHEMA_VERSION) => {}
+        Some(other) => {
+            anyhow::bail!("database schema version {other} is not supported (this kine-rs knows {SCHEMA_VERSION})")
+        }
+    }
+    let (revision, compact_revision) = revisions(&mut tx)?;
+    let cluster_id = get(&mut tx, "cluster_id")?.context("meta row cluster_id is missing")? as u64;
+    tx.commit().context("commit schema")?;
+    Ok(Meta { revision, compact_revision, cluster_id })
+}
+
+/// Current and compact revision, as this transaction sees them.
+pub fn revisions(c: &mut impl GenericClient) -> Result<(i64, i64)> {
+    let rows = c
+        .query_typed("SELECT name, value FROM meta WHERE name IN ('revision', 'compact_revision')", &[])
+        .context("read revisions")?;
+    let (mut rev, mut compact) = (None, None);
+    for row in rows {
+        let name: &str = row.get(0);
+        if name == "revision" {
+            rev = Some(row.get::<_, i64>(1));
+        } else {
+            compact = Some(row.get::<_, i64>(1));
+        }
+    }
+    Ok((rev.context("meta row revision is missing")?, compact.context("meta row compact_revision is missing")?))
+}
+
+pub fn get(c: &mut impl GenericClient, name: &str) -> Result<Option<i64>> {
+    Ok(c.query_typed_opt("SELECT value FROM meta WHERE name = $1", &[(&name, Type::TEXT)])
+        .with_context(|| format!("read meta {name}"))?
+        .map(|r| r.get(0)))
+}
+
+pub fn set(c: &mut impl GenericClient, name: &str, value: i64) -> Result<()> {
+    c.execute_typed(
+        "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        &[(&name, Type::TEXT), (&value, Type::INT8)],
+    )
+    .with_context(|| format!("write meta {name}"))?;
+    Ok(())
+}

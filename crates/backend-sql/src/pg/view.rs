@@ -1,0 +1,225 @@
+//! `ReadView` / `WriteView` over one PostgreSQL transaction, and the events query.
+
+use anyhow::Context;
+use kine_core::view::{ReadView, WriteView};
+use kine_core::{Event, EventKind, KeyRange, KeyValue, LeaseId, RangeEnd, Result, Revision, RevisionEvents};
+use postgres::types::{ToSql, Type};
+use postgres::{GenericClient, Row};
+
+/// Statement parameters with their types (statements are sent unnamed, see `schema.rs`).
+#[derive(Default)]
+pub struct Args {
+    values: Vec<(Box<dyn ToSql + Sync>, Type)>,
+}
+
+impl Args {
+    fn push(&mut self, value: Box<dyn ToSql + Sync>, ty: Type) -> String {
+        self.values.push((value, ty));
+        format!("${}", self.values.len())
+    }
+    pub fn bytes(&mut self, v: &[u8]) -> String {
+        self.push(Box::new(v.to_vec()), Type::BYTEA)
+    }
+    pub fn int(&mut self, v: i64) -> String {
+        self.push(Box::new(v), Type::INT8)
+    }
+    pub fn list(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+        self.values.iter().map(|(v, t)| (v.as_ref() as &(dyn ToSql + Sync), t.clone())).collect()
+    }
+}
+
+/// SQL condition for `column` in `range`.
+pub fn key_condition(args: &mut Args, range: &KeyRange, column: &str) -> String {
+    let start = args.bytes(&range.start);
+    match &range.end {
+        RangeEnd::Single => format!("{column} = {start}"),
+        RangeEnd::Unbounded => format!("{column} >= {start}"),
+        RangeEnd::Before(end) => format!("{column} >= {start} AND {column} < {}", args.bytes(end)),
+    }
+}
+
+/// SQL condition: row `k` is its key's newest version at or below revision `rev`.
+fn latest(rev: &str) -> String {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= {rev}
+                     AND (n.mod_revision, n.sub) > (k.mod_revision, k.sub))"
+    )
+}
+
+const KV_COLUMNS: &str = "k.key, k.create_revision, k.mod_revision, k.version, k.lease";
+
+fn kv_from_row(row: &Row, offset: usize) -> KeyValue {
+    KeyValue {
+        key: row.get(offset),
+        create_revision: row.get(offset + 1),
+        mod_revision: row.get(offset + 2),
+        version: row.get(offset + 3),
+        lease: row.get(offset + 4),
+        value: row.get(offset + 5),
+    }
+}
+
+fn backend_err(e: impl Into<anyhow::Error>, what: &'static str) -> kine_core::Error {
+    kine_core::Error::Backend(e.into().context(what))
+}
+
+pub struct PgView<'v, C: GenericClient> {
+    pub client: &'v mut C,
+    /// The last committed revision this view builds on (advances inside a write batch).
+    pub revision: Revision,
+    pub compacted: Revision,
+}
+
+impl<C: GenericClient> ReadView for PgView<'_, C> {
+    fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+        let value = if keys_only { "''::bytea" } else { "k.value" };
+        let mut args = Args::default();
+        let cond = key_condition(&mut args, range, "k.key");
+        let r = args.int(rev);
+        let sql = if range.end == RangeEnd::Single {
+            format!(
+                "SELECT {KV_COLUMNS}, {value}, k.deleted FROM kv k
+                 WHERE {cond} AND k.mod_revision <= {r} ORDER BY k.mod_revision DESC, k.sub DESC LIMIT 1"
+            )
+        } else {
+            let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
+            format!(
+                "SELECT {KV_COLUMNS}, {value}, k.deleted FROM kv k
+                 WHERE {cond} AND k.mod_revision <= {r} AND NOT k.deleted AND {latest}
+                 ORDER BY k.key {limit_sql}",
+                latest = latest(&r),
+            )
+        };
+        let rows = self.client.query_typed(&sql, &args.list()).map_err(|e| backend_err(e, "run range query"))?;
+        Ok(rows.iter().filter(|row| !row.get::<_, bool>(6)).map(|row| kv_from_row(row, 0)).collect())
+    }
+
+    fn count(&mut self, range: &KeyRange, rev: Revision) -> Result<i64> {
+        let mut args = Args::default();
+        let cond = key_condition(&mut args, range, "k.key");
+        let r = args.int(rev);
+        let sql = format!(
+            "SELECT COUNT(*) FROM kv k WHERE {cond} AND k.mod_revision <= {r} AND NOT k.deleted AND {latest}",
+            latest = latest(&r),
+        );
+        let row = self.client.query_typed_one(&sql, &args.list()).map_err(|e| backend_err(e, "run count query"))?;
+        Ok(row.get(0))
+    }
+}
+
+impl<C: GenericClient> WriteView for PgView<'_, C> {
+    fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    fn compact_revision(&self) -> Revision {
+        self.compacted
+    }
+
+    fn keys_with_lease(&mut self, lease: LeaseId, rev: Revision) -> Result<Vec<Vec<u8>>> {
+        let rows = self
+            .client
+            .query_typed(
+                "SELECT k.key FROM kv k WHERE k.lease = $1 AND k.mod_revision <= $2 AND NOT k.deleted AND
+                   NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= $2
+                               AND (n.mod_revision, n.sub) > (k.mod_revision, k.sub))
+                 ORDER BY k.key",
+                &[(&lease, Type::INT8), (&rev, Type::INT8)],
+            )
+            .map_err(|e| backend_err(e, "run lease keys query"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    fn lease(&mut self, id: LeaseId) -> Result<Option<i64>> {
+        let row = self
+            .client
+            .query_typed_opt("SELECT ttl FROM lease WHERE id = $1", &[(&id, Type::INT8)])
+            .map_err(|e| backend_err(e, "read lease"))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    fn insert_lease(&mut self, id: LeaseId, ttl: i64) -> Result<()> {
+        self.client
+            .execute_typed("INSERT INTO lease (id, ttl) VALUES ($1, $2)", &[(&id, Type::INT8), (&ttl, Type::INT8)])
+            .map_err(|e| backend_err(e, "insert lease"))?;
+        Ok(())
+    }
+
+    fn remove_lease(&mut self, id: LeaseId) -> Result<()> {
+        self.client
+            .execute_typed("DELETE FROM lease WHERE id = $1", &[(&id, Type::INT8)])
+            .map_err(|e| backend_err(e, "delete lease"))?;
+        Ok(())
+    }
+
+    fn append(&mut self, rev: Revision, index: usize, event: &Event) -> Result<()> {
+        let kv = &event.kv;
+        let deleted = event.kind == EventKind::Delete;
+        let sub = index as i32;
+        self.client
+            .execute_typed(
+                "INSERT INTO kv (mod_revision, sub, key, create_revision, version, lease, deleted, value)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                &[
+                    (&rev, Type::INT8),
+                    (&sub, Type::INT4),
+                    (&kv.key, Type::BYTEA),
+                    (&kv.create_revision, Type::INT8),
+                    (&kv.version, Type::INT8),
+                    (&kv.lease, Type::INT8),
+                    (&deleted, Type::BOOL),
+                    (&kv.value, Type::BYTEA),
+                ],
+            )
+            .map_err(|e| backend_err(e, "insert key version"))?;
+        Ok(())
+    }
+}
+
+/// Committed events in `range` with `after < revision <= until`, each with its previous version.
+pub fn events(
+    client: &mut impl GenericClient,
+    range: &KeyRange,
+    after: Revision,
+    until: Revision,
+) -> anyhow::Result<Vec<RevisionEvents>> {
+    let mut args = Args::default();
+    let (a, u) = (args.int(after), args.int(until));
+    let cond = key_condition(&mut args, range, "e.key");
+    let sql = format!(
+        "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted,
+                p.key, p.create_revision, p.mod_revision, p.version, p.lease, p.value, p.deleted
+         FROM kv e
+         LEFT JOIN kv p ON p.key = e.key AND p.mod_revision < e.mod_revision
+              AND NOT EXISTS (SELECT 1 FROM kv q WHERE q.key = e.key
+                              AND (q.mod_revision, q.sub) > (p.mod_revision, p.sub)
+                              AND q.mod_revision < e.mod_revision)
+         WHERE e.mod_revision > {a} AND e.mod_revision <= {u} AND {cond}
+         ORDER BY e.mod_revision, e.sub"
+    );
+    let rows = client.query_typed(&sql, &args.list()).context("run events query")?;
+    let mut out: Vec<RevisionEvents> = Vec::new();
+    for row in &rows {
+        let kv = kv_from_row(row, 0);
+        let deleted: bool = row.get(6);
+        let prev_deleted: Option<bool> = row.get(13);
+        // As etcd: the key's version at the revision before the event, none for a creation.
+        let create = !deleted && kv.create_revision == kv.mod_revision;
+        let prev_kv = match prev_deleted {
+            Some(false) if !create => Some(kv_from_row(row, 7)),
+            _ => None,
+        };
+        let (kind, kv) = if deleted {
+            (EventKind::Delete, KeyValue { key: kv.key, mod_revision: kv.mod_revision, ..Default::default() })
+        } else {
+            (EventKind::Put, kv)
+        };
+        let rev = kv.mod_revision;
+        let event = Event { kind, kv, prev_kv };
+        match out.last_mut() {
+            Some(last) if last.revision == rev => last.events.push(event),
+            _ => out.push(RevisionEvents { revision: rev, events: vec![event] }),
+        }
+    }
+    Ok(out)
+}

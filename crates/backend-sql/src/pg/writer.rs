@@ -1,0 +1,229 @@
+//! The PostgreSQL writer thread of this node, with group commit: every queued request (up to
+//! `MAX_BATCH`) in one transaction, each in its own savepoint. The transaction first locks the
+//! revision counter (`SELECT … FOR UPDATE` on `meta.revision`), so the writers of all nodes on
+//! one database take turns: revisions are gap-free and committed in order. The commit notifies
+//! every node's feed (`NOTIFY kine_rs`), which publishes the events; replies go out after the
+//! commit.
+
+use super::schema;
+use super::view::PgView;
+use super::{Connector, Shared};
+use crate::writer::{Job, Reply};
+use anyhow::Context;
+use kine_core::request::Revisioned;
+use kine_core::txn::{self, WriteOp, WriteResponse};
+use kine_core::{Error, Result, Revision};
+use postgres::types::Type;
+use std::sync::{Arc, mpsc};
+
+const MAX_BATCH: usize = 256;
+
+pub fn spawn(connector: Connector, shared: Arc<Shared>) -> std::io::Result<mpsc::Sender<Job>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new().name("pg-writer".into()).spawn(move || run(connector, shared, rx))?;
+    Ok(tx)
+}
+
+fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
+    let mut client: Option<postgres::Client> = None;
+    let mut held: Option<Job> = None;
+    loop {
+        let job = match held.take() {
+            Some(job) => job,
+            None => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+        };
+        if let Job::Close(done) = job {
+            let _ = done.send(());
+            return;
+        }
+        // A lost connection is replaced at the next job; meanwhile requests fail fast.
+        if client.as_ref().is_none_or(|c| c.is_closed()) {
+            client = match connector.connect() {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    let err = || Error::Unavailable(format!("PostgreSQL: {e:#}"));
+                    fail(job, err());
+                    while let Ok(job) = rx.try_recv() {
+                        fail(job, err());
+                    }
+                    continue;
+                }
+            };
+        }
+        let conn = client.as_mut().expect("connected");
+        match job {
+            Job::Write(op, reply) => {
+                let mut batch = vec![(op, reply)];
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(Job::Write(op, reply)) => batch.push((op, reply)),
+                        Ok(other) => {
+                            held = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                write_batch(conn, &shared, batch);
+            }
+            Job::Compact(rev, reply) => {
+                let _ = reply.send(compact(conn, rev).map_err(|e| unavailable_or(e, conn)));
+            }
+            Job::Defragment(reply) => {
+                let result = conn.batch_execute("VACUUM kv, lease").context("VACUUM").map_err(Error::Backend);
+                let _ = reply.send(result);
+            }
+            Job::Close(_) => unreachable!("handled above"),
+        }
+    }
+}
+
+fn fail(job: Job, e: Error) {
+    match job {
+        Job::Write(_, reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Job::Compact(_, reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Job::Defragment(reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Job::Close(done) => {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// A failure on a connection that is now closed is an outage (`Unavailable`), not a bug.
+fn unavailable_or(e: Error, conn: &postgres::Client) -> Error {
+    match e {
+        Error::Backend(inner) if conn.is_closed() => Error::Unavailable(format!("PostgreSQL: {inner:#}")),
+        other => other,
+    }
+}
+
+fn write_batch(conn: &mut postgres::Client, shared: &Shared, batch: Vec<(WriteOp, Reply<Revisioned<WriteResponse>>)>) {
+    let mut results = Vec::with_capacity(batch.len());
+    let outcome = (|| -> anyhow::Result<Revision> {
+        let mut tx = conn.transaction().context("begin write transaction")?;
+        let base: i64 = tx
+            .query_typed_one("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE", &[])
+            .context("lock the revision counter")?
+            .get(0);
+        let compacted = schema::get(&mut tx, "compact_revision")?.context("meta row compact_revision is missing")?;
+        let mut view = PgView { client: &mut tx, revision: base, compacted };
+        for (op, _) in &batch {
+            if let WriteOp::LeaseRevoke { id, expired: true } = op
+                && renewed_elsewhere(view.client, shared, *id)?
+            {
+                // Another node renewed it since this node last heard: not ours to revoke.
+                results.push(Err(Error::LeaseNotFound));
+                continue;
+            }
+            view.client.batch_execute("SAVEPOINT op").context("open savepoint")?;
+            match txn::apply(&mut view, op) {
+                Ok(applied) => {
+                    view.client.batch_execute("RELEASE SAVEPOINT op").context("release savepoint")?;
+                    announce_lease(view.client, op)?;
+                    if let Some(ev) = applied.events {
+                        view.revision = ev.revision;
+                    }
+                    results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
+                }
+                Err(e) => {
+                    view.client
+                        .batch_execute("ROLLBACK TO SAVEPOINT op; RELEASE SAVEPOINT op")
+                        .context("roll back savepoint")?;
+                    results.push(Err(e));
+                }
+            }
+        }
+        let revision = view.revision;
+        if revision != base {
+            tx.execute_typed("UPDATE meta SET value = $1 WHERE name = 'revision'", &[(&revision, Type::INT8)])
+                .context("advance the revision")?;
+            tx.batch_execute("NOTIFY kine_rs").context("notify the other nodes")?;
+        }
+        tx.commit().context("commit write transaction")?;
+        Ok(revision)
+    })();
+    match outcome {
+        Ok(_) => {
+            // This node's feed publishes the events (of every node, in revision order).
+            for ((_, reply), result) in batch.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
+        }
+        Err(e) => {
+            let text = format!("{e:#}");
+            let closed = conn.is_closed();
+            if !closed {
+                tracing::error!(error = %text, "PostgreSQL write batch failed; nothing was written");
+            }
+            for (_, reply) in batch {
+                let _ = reply.send(Err(if closed {
+                    Error::Unavailable(format!("PostgreSQL: {text}"))
+                } else {
+                    Error::Backend(anyhow::anyhow!("{text}"))
+                }));
+            }
+        }
+    }
+}
+
+/// Whether the lease's renewal count differs from the one this node last heard of.
+fn renewed_elsewhere(tx: &mut postgres::Transaction<'_>, shared: &Shared, id: i64) -> anyhow::Result<bool> {
+    let row = tx
+        .query_typed_opt("SELECT renewals FROM lease WHERE id = $1 FOR UPDATE", &[(&id, Type::INT8)])
+        .context("read lease renewals")?;
+    let Some(row) = row else { return Ok(false) };
+    let renewals: i64 = row.get(0);
+    Ok(shared.seen().get(&id).is_some_and(|seen| *seen != renewals))
+}
+
+/// Tells every node's lessor about a granted or revoked lease (delivered at commit).
+fn announce_lease(tx: &mut postgres::Transaction<'_>, op: &WriteOp) -> anyhow::Result<()> {
+    let payload = match op {
+        WriteOp::LeaseGrant { id, ttl } => format!("renew {id} {ttl} 0"),
+        WriteOp::LeaseRevoke { id, .. } => format!("revoke {id}"),
+        WriteOp::Txn(_) => return Ok(()),
+    };
+    tx.execute_typed("SELECT pg_notify('kine_rs_lease', $1)", &[(&payload, Type::TEXT)])
+        .context("announce lease change")?;
+    Ok(())
+}
+
+/// Compacts under a lock on the compact revision, so two nodes never compact at once; the
+/// checks use the database's revisions, not this node's.
+fn compact(conn: &mut postgres::Client, rev: Revision) -> Result<Revision> {
+    let mut tx = conn.transaction().context("begin compaction").map_err(Error::Backend)?;
+    let previous: i64 = tx
+        .query_typed_one("SELECT value FROM meta WHERE name = 'compact_revision' FOR UPDATE", &[])
+        .context("lock the compact revision")
+        .map_err(Error::Backend)?
+        .get(0);
+    let current = schema::get(&mut tx, "revision").map_err(Error::Backend)?.unwrap_or(1);
+    txn::check_compact(rev, current, previous)?;
+    (|| -> anyhow::Result<()> {
+        // Only keys changed since the previous compaction can have newly superseded versions
+        // (a deletion at the previous compact revision itself was kept, as etcd keeps it).
+        tx.execute_typed(
+            "DELETE FROM kv WHERE mod_revision <= $2
+               AND key IN (SELECT key FROM kv WHERE mod_revision >= $1 AND mod_revision <= $2)
+               AND ((deleted AND mod_revision < $2)
+                    OR EXISTS (SELECT 1 FROM kv n WHERE n.key = kv.key AND n.mod_revision <= $2
+                               AND (n.mod_revision, n.sub) > (kv.mod_revision, kv.sub)))",
+            &[(&previous, Type::INT8), (&rev, Type::INT8)],
+        )
+        .context("delete superseded versions")?;
+        schema::set(&mut tx, "compact_revision", rev)?;
+        tx.commit().context("commit compaction")?;
+        Ok(())
+    })()
+    .map_err(Error::Backend)?;
+    Ok(current)
+}

@@ -1,0 +1,143 @@
+//! A throwaway PostgreSQL server for tests: `initdb` into a temporary directory, then the
+//! `postgres` server itself as a child process on a free loopback port (killed on drop), with a
+//! password user `kine`. The binaries come from `PG_BIN`, or the newest
+//! `/usr/lib/postgresql/*/bin` (Debian's `postgresql` package; `scripts/install-test-deps`
+//! installs it). A missing PostgreSQL is a test failure, never a skip. As root, the server runs
+//! as the `postgres` user (PostgreSQL refuses to run as root).
+
+use crate::TempDir;
+use crate::nats::free_port;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const USER: &str = "kine";
+pub const PASSWORD: &str = "kine-test-password";
+
+fn bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| {
+            d.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).filter(|p| p.join("initdb").is_file()).collect()
+        })
+        .unwrap_or_default();
+    found.sort_by_key(|p| {
+        p.parent().and_then(|v| v.file_name()).and_then(|v| v.to_str()).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0)
+    });
+    found.pop().unwrap_or_else(|| {
+        panic!("PostgreSQL not found: install Debian's postgresql package (scripts/install-test-deps) or set PG_BIN")
+    })
+}
+
+/// The uid and gid to run PostgreSQL as: `postgres` when this process is root.
+fn run_as() -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to this process's effective user.
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(1) != 0 {
+        return None;
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+    let line = passwd
+        .lines()
+        .find(|l| l.starts_with("postgres:"))
+        .expect("running as root needs a postgres user (Debian's postgresql package creates it)");
+    let fields: Vec<&str> = line.split(':').collect();
+    Some((fields[2].parse().expect("uid"), fields[3].parse().expect("gid")))
+}
+
+fn command(path: PathBuf, user: Option<(u32, u32)>) -> Command {
+    let mut cmd = Command::new(path);
+    if let Some((uid, gid)) = user {
+        cmd.uid(uid).gid(gid);
+    }
+    cmd.current_dir("/");
+    cmd
+}
+
+pub struct PgServer {
+    child: Child,
+    pub port: u16,
+    dir: TempDir,
+}
+
+impl PgServer {
+    pub fn start() -> PgServer {
+        let bin = bin_dir();
+        let user = run_as();
+        let dir = TempDir::new("pg");
+        let data = dir.path().join("data");
+        let pwfile = dir.path().join("pwfile");
+        std::fs::write(&pwfile, format!("{PASSWORD}\n")).expect("write pwfile");
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown the data directory");
+            std::os::unix::fs::chown(&pwfile, Some(uid), Some(gid)).expect("chown pwfile");
+        }
+        let out = command(bin.join("initdb"), user)
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", USER, "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8"])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .arg("--no-sync")
+            .output()
+            .expect("run initdb");
+        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("create the postgres log");
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(dir.path().join("server.log"), Some(uid), Some(gid)).expect("chown log");
+        }
+        let mut child = command(bin.join("postgres"), user)
+            .arg("-D")
+            .arg(&data)
+            .args(["-c", "listen_addresses=127.0.0.1", "-p", &port.to_string(), "-k"])
+            .arg(dir.path())
+            .args(["-c", "max_connections=300"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn postgres");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Ready when it accepts connections (an open port may still answer "starting up").
+        let ready = || {
+            Command::new(bin.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        while !ready() {
+            let exited = matches!(child.try_wait(), Ok(Some(_)));
+            if exited || Instant::now() > deadline {
+                let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default();
+                panic!("postgres did not start on port {port}:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        PgServer { child, port, dir }
+    }
+
+    /// The URL of database `db` (created by kine-rs when missing).
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{}/{db}?sslmode=disable", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        // SIGQUIT: PostgreSQL's immediate shutdown (its backends exit with it).
+        let _ = Command::new("kill").args(["-QUIT", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
