@@ -116,8 +116,10 @@ fn unavailable(e: impl std::fmt::Display) -> Error {
 /// Whether an error is one that a NATS cluster gives while it forms or elects a leader (worth
 /// retrying for a while).
 fn transient(error: &str) -> bool {
-    const SIGNS: [&str; 8] = [
+    const SIGNS: [&str; 9] = [
         "no responders",
+        // A stream just created on a forming cluster, not yet known to this server.
+        "no stream found",
         "timed out",
         "deadline has elapsed",
         "temporarily unavailable",
@@ -816,6 +818,7 @@ mod tests {
             "create stream KV_kine: insufficient resources: no suitable peers for placement",
             "JetStream system temporarily unavailable",
             "read stream KV_kine: timed out: request timed out: deadline has elapsed",
+            "initialise bucket faults: no stream found for given subject",
         ] {
             assert!(transient(e), "{e}");
         }

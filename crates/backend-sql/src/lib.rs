@@ -1,7 +1,7 @@
 //! The SQL backend: one append-only table of key versions, one row per change.
 //!
-//! SQLite is implemented now (`sqlite://PATH`); PostgreSQL and MySQL will share the schema and
-//! the shared write engine of `kine-core` with their own dialect.
+//! SQLite (`sqlite://PATH`) and PostgreSQL (`postgres://`, `pg/`) share the log's shape and
+//! the write engine of `kine-core`, each with its own SQL; MySQL/MariaDB will follow.
 //! This crate knows SQL and `kine-core`, nothing of gRPC.
 
 mod pg;
@@ -12,6 +12,6 @@ mod sqlite;
 mod view;
 mod writer;
 
-pub use pg::{PostgresBackend, PostgresOptions};
+pub use pg::{PoolOptions, PostgresBackend, PostgresOptions};
 pub use restore::restore_sqlite;
 pub use sqlite::{SqliteBackend, SqliteOptions};

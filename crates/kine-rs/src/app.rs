@@ -73,7 +73,37 @@ async fn start_embedded(
     Ok((None, config))
 }
 
+/// kine's `--datastore-*` pool flags, in kine's meanings.
+fn pool_options(cli: &Cli) -> kine_backend_sql::PoolOptions {
+    let some = |d: std::time::Duration| (!d.is_zero()).then_some(d);
+    kine_backend_sql::PoolOptions {
+        max_idle: match cli.datastore_max_idle_connections {
+            0 => 20,
+            n if n < 0 => 0,
+            n => n as usize,
+        },
+        max_open: (cli.datastore_max_open_connections > 0).then_some(cli.datastore_max_open_connections as usize),
+        max_lifetime: some(cli.datastore_connection_max_lifetime),
+        max_idle_time: some(cli.datastore_connection_max_idle_time),
+    }
+}
+
+/// The pool flags mean nothing to datastores without a connection pool: say so once.
+fn pool_flags_unused(cli: &Cli, backend: &str) {
+    let set = cli.datastore_max_idle_connections != 0
+        || cli.datastore_max_open_connections != 0
+        || !cli.datastore_connection_max_lifetime.is_zero()
+        || cli.datastore_connection_max_idle_time != std::time::Duration::from_secs(120);
+    if set {
+        tracing::warn!("the --datastore-* connection pool flags have no effect with {backend} (it has no pool)");
+    }
+}
+
 async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, Embedded)> {
+    if !cli.endpoint.starts_with("postgres") {
+        let name = cli.endpoint.split("://").next().filter(|s| !s.is_empty()).unwrap_or("sqlite");
+        pool_flags_unused(cli, name);
+    }
     Ok(match endpoint::parse(&cli.endpoint).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => {
             no_datastore_tls(cli, "sqlite")?;
@@ -90,7 +120,7 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             if cli.ca_file.is_some() || cli.cert_file.is_some() || cli.key_file.is_some() || cli.skip_verify {
                 bail!("--ca-file/--cert-file/--key-file/--skip-verify: TLS to PostgreSQL is not supported yet");
             }
-            let options = kine_backend_sql::PostgresOptions { url };
+            let options = kine_backend_sql::PostgresOptions { url, pool: pool_options(cli) };
             // Connecting blocks (the synchronous PostgreSQL client runs its own runtime).
             let backend = tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options))
                 .await

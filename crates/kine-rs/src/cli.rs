@@ -80,6 +80,19 @@ pub struct Cli {
     #[arg(long, env = "KINE_MAX_REQUEST_BYTES", default_value_t = 1_572_864, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_request_bytes: u64,
 
+    /// Idle pooled connections kept per node (SQL datastores; 0 = 20, negative = none)
+    #[arg(long, env = "KINE_DATASTORE_MAX_IDLE_CONNECTIONS", default_value_t = 0, allow_negative_numbers = true)]
+    pub datastore_max_idle_connections: i64,
+    /// Pooled connections open at once per node (SQL datastores; 0 or negative = no limit)
+    #[arg(long, env = "KINE_DATASTORE_MAX_OPEN_CONNECTIONS", default_value_t = 0, allow_negative_numbers = true)]
+    pub datastore_max_open_connections: i64,
+    /// Pooled connections are closed after this age (SQL datastores; 0 = never)
+    #[arg(long, env = "KINE_DATASTORE_CONNECTION_MAX_LIFETIME", default_value = "0", value_parser = parse_duration)]
+    pub datastore_connection_max_lifetime: Duration,
+    /// Idle pooled connections are closed after this long (SQL datastores; 0 = never)
+    #[arg(long, env = "KINE_DATASTORE_CONNECTION_MAX_IDLE_TIME", default_value = "2m", value_parser = parse_duration)]
+    pub datastore_connection_max_idle_time: Duration,
+
     /// Log format: plain or json
     #[arg(long, env = "KINE_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]
     pub log_format: String,

@@ -8,6 +8,8 @@ mod common;
 use common::*;
 use etcd_client::*;
 use kine_testkit::postgres::PgServer;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 async fn collect(w: &mut WatchStream, until: i64) -> Vec<(i64, i32, Vec<u8>, Vec<u8>)> {
@@ -138,4 +140,76 @@ fn a_wrong_password_fails_at_once_and_is_never_shown() {
     assert!(stderr.contains("--endpoint postgres://kine:***@127.0.0.1"), "{stderr}");
     assert!(stderr.contains("password authentication failed"), "{stderr}");
     assert!(!stderr.contains("not-the-password"), "the password leaked: {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_under_load_loses_nothing_acknowledged() {
+    let mut pg = PgServer::start();
+    let url = pg.url("restart");
+    let node = Server::start(&["--endpoint", &url]);
+    let mut c = node.client().await;
+    let mut w = c.watch("/r/", Some(WatchOptions::new().with_prefix().with_start_revision(1))).await.unwrap();
+    assert!(w.message().await.unwrap().unwrap().created());
+
+    let back = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let mut c = c.clone();
+        let back = back.clone();
+        tokio::spawn(async move {
+            let (mut acked, mut errors, mut slowest_error) = (Vec::new(), Vec::new(), Duration::ZERO);
+            let mut after_restart = 0;
+            let deadline = std::time::Instant::now() + Duration::from_secs(9);
+            let mut n = 0;
+            while std::time::Instant::now() < deadline {
+                let key = format!("/r/{n}");
+                // Conditional create: an attempt whose answer was lost cannot apply twice.
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key.as_str(), "v", None)]);
+                let started = std::time::Instant::now();
+                match c.txn(txn).await {
+                    Ok(r) if r.succeeded() => {
+                        acked.push((key, r.header().unwrap().revision()));
+                        after_restart += back.load(Ordering::SeqCst) as usize;
+                        n += 1;
+                    }
+                    Ok(_) => n += 1,
+                    Err(e) => {
+                        slowest_error = slowest_error.max(started.elapsed());
+                        errors.push(format!("{e}"));
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            (acked, errors, slowest_error, after_restart)
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pg.stop();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pg.restart();
+    back.store(true, Ordering::SeqCst);
+    let (acked, errors, slowest_error, after_restart) = writer.await.unwrap();
+
+    assert!(!errors.is_empty(), "requests during the outage failed");
+    assert!(
+        errors.iter().all(|e| e.contains("Unavailable") || e.contains("unavailable")),
+        "an outage is Unavailable, nothing else: {errors:?}"
+    );
+    assert!(slowest_error < Duration::from_secs(6), "errors come fast ({slowest_error:?})");
+    assert!(acked.len() > 50, "{} acknowledged writes", acked.len());
+    assert!(after_restart > 0, "writes went on after the restart (within the 5 s left)");
+    let end = c.put("/r/end", "x", None).await.unwrap();
+    let last = end.header().unwrap().revision();
+    // Every acknowledged write is there at its revision, and the watch saw each exactly once.
+    for (key, rev) in &acked {
+        let r = c.get(key.as_str(), None).await.unwrap();
+        assert_eq!(r.kvs()[0].mod_revision(), *rev, "{key}");
+    }
+    let events = collect(&mut w, last).await;
+    let revs: Vec<i64> = events.iter().map(|e| e.0).collect();
+    assert_eq!(revs, (2..=last).collect::<Vec<_>>(), "the watch went on through the restart, no gap, no repeat");
+    for (_, rev) in &acked {
+        assert!(revs.contains(rev));
+    }
 }

@@ -25,8 +25,11 @@ pub fn sqlite(dir: &Path) -> Arc<dyn Backend> {
 /// A PostgreSQL backend on database `db` of `server` (created if missing).
 pub fn postgres(server: &postgres::PgServer, db: &str) -> Arc<dyn Backend> {
     Arc::new(
-        kine_backend_sql::PostgresBackend::open(kine_backend_sql::PostgresOptions { url: server.url(db) })
-            .expect("open postgres backend"),
+        kine_backend_sql::PostgresBackend::open(kine_backend_sql::PostgresOptions {
+            url: server.url(db),
+            pool: Default::default(),
+        })
+        .expect("open postgres backend"),
     )
 }
 

@@ -60,6 +60,8 @@ fn command(path: PathBuf, user: Option<(u32, u32)>) -> Command {
 pub struct PgServer {
     child: Child,
     pub port: u16,
+    bin: PathBuf,
+    user: Option<(u32, u32)>,
     dir: TempDir,
 }
 
@@ -85,13 +87,19 @@ impl PgServer {
             .expect("run initdb");
         assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
         let port = free_port();
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("create the postgres log");
+        let child = Self::spawn(&bin, user, &dir, port);
+        PgServer { child, port, bin, user, dir }
+    }
+
+    fn spawn(bin: &std::path::Path, user: Option<(u32, u32)>, dir: &TempDir, port: u16) -> Child {
+        let log_path = dir.path().join("server.log");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).expect("open the postgres log");
         if let Some((uid, gid)) = user {
-            std::os::unix::fs::chown(dir.path().join("server.log"), Some(uid), Some(gid)).expect("chown log");
+            std::os::unix::fs::chown(&log_path, Some(uid), Some(gid)).expect("chown log");
         }
         let mut child = command(bin.join("postgres"), user)
             .arg("-D")
-            .arg(&data)
+            .arg(dir.path().join("data"))
             .args(["-c", "listen_addresses=127.0.0.1", "-p", &port.to_string(), "-k"])
             .arg(dir.path())
             .args(["-c", "max_connections=300"])
@@ -100,7 +108,6 @@ impl PgServer {
             .stderr(log)
             .spawn()
             .expect("spawn postgres");
-        let deadline = Instant::now() + Duration::from_secs(30);
         // Ready when it accepts connections (an open port may still answer "starting up").
         let ready = || {
             Command::new(bin.join("pg_isready"))
@@ -108,15 +115,33 @@ impl PgServer {
                 .status()
                 .is_ok_and(|s| s.success())
         };
+        let deadline = Instant::now() + Duration::from_secs(30);
         while !ready() {
             let exited = matches!(child.try_wait(), Ok(Some(_)));
             if exited || Instant::now() > deadline {
-                let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
                 panic!("postgres did not start on port {port}:\n{log}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        PgServer { child, port, dir }
+        child
+    }
+
+    /// Stops the server at once (PostgreSQL's immediate shutdown: no checkpoint, recovery at
+    /// the next start, as after a crash). Its data stays for [`PgServer::restart`].
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill").args(["-QUIT", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port and data.
+    pub fn restart(&mut self) {
+        self.child = Self::spawn(&self.bin, self.user, &self.dir, self.port);
     }
 
     /// The URL of database `db` (created by kine-rs when missing).
@@ -131,13 +156,6 @@ impl PgServer {
 
 impl Drop for PgServer {
     fn drop(&mut self) {
-        // SIGQUIT: PostgreSQL's immediate shutdown (its backends exit with it).
-        let _ = Command::new("kill").args(["-QUIT", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }

@@ -41,6 +41,27 @@ const START_PATIENCE: Duration = Duration::from_secs(30);
 pub struct PostgresOptions {
     /// The endpoint as given (`postgres://` or `postgresql://`).
     pub url: String,
+    pub pool: PoolOptions,
+}
+
+/// The read pool's limits (kine's `--datastore-*` flags). The writer and the feed hold one
+/// connection each besides.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolOptions {
+    /// Idle connections kept.
+    pub max_idle: usize,
+    /// Connections open at once; `None` = no limit.
+    pub max_open: Option<usize>,
+    /// Connections are closed after this age; `None` = never.
+    pub max_lifetime: Option<Duration>,
+    /// Idle connections are closed after this long; `None` = never.
+    pub max_idle_time: Option<Duration>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions { max_idle: 20, max_open: None, max_lifetime: None, max_idle_time: Some(Duration::from_secs(120)) }
+    }
 }
 
 /// Opens connections to the configured database.
@@ -155,7 +176,7 @@ impl PostgresBackend {
         Ok(PostgresBackend {
             shared,
             writer: Mutex::new(Some(writer)),
-            readers: Arc::new(ReadPool::new(connector, 8)),
+            readers: Arc::new(ReadPool::new(connector, options.pool)),
             cluster_id: meta.cluster_id,
             member_id: kine_core::id::random_nonzero(),
         })

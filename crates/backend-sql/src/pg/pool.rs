@@ -1,82 +1,140 @@
-//! Idle PostgreSQL connections for reads, each read one REPEATABLE READ, read-only transaction
-//! (one consistent snapshot) on a blocking thread. A broken connection is dropped, not reused.
+//! Pooled PostgreSQL connections for reads (one REPEATABLE READ, read-only transaction each:
+//! one consistent snapshot) and small bookkeeping writes, run on blocking threads. Limits are
+//! kine's pool flags (`PoolOptions`). A broken connection is dropped, never reused.
 
-use super::Connector;
+use super::{Connector, PoolOptions};
 use anyhow::Context;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::Semaphore;
+
+struct Pooled {
+    client: postgres::Client,
+    opened: Instant,
+    idle_since: Instant,
+}
 
 pub struct ReadPool {
     connector: Connector,
-    idle: Mutex<Vec<postgres::Client>>,
-    max_idle: usize,
+    options: PoolOptions,
+    idle: Mutex<Vec<Pooled>>,
+    /// Permits for open connections (`max_open`).
+    open: Option<Arc<Semaphore>>,
 }
 
 impl ReadPool {
-    pub fn new(connector: Connector, max_idle: usize) -> ReadPool {
-        ReadPool { connector, idle: Mutex::new(Vec::new()), max_idle }
+    pub fn new(connector: Connector, options: PoolOptions) -> ReadPool {
+        let open = options.max_open.map(|n| Arc::new(Semaphore::new(n.max(1))));
+        ReadPool { connector, options, idle: Mutex::new(Vec::new()), open }
     }
 
-    fn take(&self) -> kine_core::Result<postgres::Client> {
-        loop {
-            let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            match idle {
-                Some(c) if !c.is_closed() => return Ok(c),
-                Some(_) => continue,
-                None => break,
+    fn expired(&self, p: &Pooled, now: Instant) -> bool {
+        p.client.is_closed()
+            || self.options.max_lifetime.is_some_and(|l| now.duration_since(p.opened) >= l)
+            || self.options.max_idle_time.is_some_and(|l| now.duration_since(p.idle_since) >= l)
+    }
+
+    fn take(&self) -> kine_core::Result<Pooled> {
+        let now = Instant::now();
+        let mut stale = Vec::new();
+        let found = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                match idle.pop() {
+                    Some(p) if self.expired(&p, now) => stale.push(p.client),
+                    other => break other,
+                }
+            }
+        };
+        drop(stale); // on this blocking thread
+        match found {
+            Some(p) => Ok(p),
+            None => {
+                let client = self
+                    .connector
+                    .connect()
+                    .map_err(|e| kine_core::Error::Unavailable(format!("PostgreSQL: {e:#}")))?;
+                Ok(Pooled { client, opened: now, idle_since: now })
             }
         }
-        self.connector.connect().map_err(|e| kine_core::Error::Unavailable(format!("PostgreSQL: {e:#}")))
+    }
+
+    fn give_back(&self, mut p: Pooled) {
+        let now = Instant::now();
+        p.idle_since = now;
+        if self.expired(&p, now) {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.options.max_idle {
+            idle.push(p);
+        }
     }
 
     /// Runs `f` in one REPEATABLE READ, read-only transaction.
     pub async fn read<T: Send + 'static>(
-        self: &std::sync::Arc<Self>,
-        f: impl FnOnce(&mut postgres::Transaction<'_>) -> kine_core::Result<T> + Send + 'static,
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut postgres::Client) -> kine_core::Result<T> + Send + 'static,
     ) -> kine_core::Result<T> {
         self.run(true, f).await
     }
 
     /// Runs `f` in one read-write transaction (small bookkeeping writes beside the writer).
     pub async fn write<T: Send + 'static>(
-        self: &std::sync::Arc<Self>,
-        f: impl FnOnce(&mut postgres::Transaction<'_>) -> kine_core::Result<T> + Send + 'static,
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut postgres::Client) -> kine_core::Result<T> + Send + 'static,
     ) -> kine_core::Result<T> {
         self.run(false, f).await
     }
 
     async fn run<T: Send + 'static>(
-        self: &std::sync::Arc<Self>,
+        self: &Arc<Self>,
         read_only: bool,
-        f: impl FnOnce(&mut postgres::Transaction<'_>) -> kine_core::Result<T> + Send + 'static,
+        f: impl FnOnce(&mut postgres::Client) -> kine_core::Result<T> + Send + 'static,
     ) -> kine_core::Result<T> {
+        let permit = match &self.open {
+            Some(s) => Some(
+                s.clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| kine_core::Error::Unavailable("etcdserver: server stopped".into()))?,
+            ),
+            None => None,
+        };
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
-            let mut conn = pool.take()?;
-            let result = (|| {
-                let mut tx = if read_only {
-                    conn.build_transaction()
-                        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-                        .read_only(true)
-                        .start()
+            let _permit = permit;
+            // An idle connection that broke while it waited (the database restarted) shows it
+            // only when used: one that fails to begin is dropped and the next one tried.
+            let mut conn = loop {
+                let mut conn = pool.take()?;
+                let begun = if read_only {
+                    conn.client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 } else {
-                    conn.transaction()
+                    conn.client.batch_execute("BEGIN")
+                };
+                match begun {
+                    Ok(()) => break conn,
+                    Err(_) if conn.client.is_closed() && conn.opened != conn.idle_since => continue,
+                    Err(e) => {
+                        return Err(kine_core::Error::Unavailable(format!("PostgreSQL: begin transaction: {e}")));
+                    }
                 }
-                .context("begin transaction")?;
-                let result = f(&mut tx);
-                tx.commit().context("end transaction")?;
+            };
+            let result = (|| {
+                let result = f(&mut conn.client);
+                let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+                conn.client.batch_execute(end).with_context(|| format!("{end} transaction"))?;
                 result
             })();
-            if conn.is_closed() {
+            if conn.client.is_closed() {
                 return Err(match result {
                     Err(kine_core::Error::Backend(e)) => kine_core::Error::Unavailable(format!("PostgreSQL: {e:#}")),
                     Err(other) => other,
                     Ok(_) => kine_core::Error::Unavailable("PostgreSQL: connection lost".into()),
                 });
             }
-            let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
-            if idle.len() < pool.max_idle {
-                idle.push(conn);
-            }
+            pool.give_back(conn);
             result
         })
         .await
@@ -85,7 +143,11 @@ impl ReadPool {
 
     pub fn clear(&self) {
         let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
-        drop_off_runtime(idle);
+        if !idle.is_empty() {
+            // Closing a synchronous client blocks on its own runtime, which must not happen on
+            // a thread that drives async tasks.
+            let _ = std::thread::Builder::new().name("pg-close".into()).spawn(move || drop(idle));
+        }
     }
 }
 
@@ -93,13 +155,4 @@ impl Drop for ReadPool {
     fn drop(&mut self) {
         self.clear();
     }
-}
-
-/// Closing a synchronous client blocks on its own runtime, which must not happen on a thread
-/// that drives async tasks: such clients are closed on a thread of their own.
-fn drop_off_runtime(clients: Vec<postgres::Client>) {
-    if clients.is_empty() {
-        return;
-    }
-    let _ = std::thread::Builder::new().name("pg-close".into()).spawn(move || drop(clients));
 }
