@@ -116,10 +116,12 @@ fn unavailable(e: impl std::fmt::Display) -> Error {
 /// Whether an error is one that a NATS cluster gives while it forms or elects a leader (worth
 /// retrying for a while).
 fn transient(error: &str) -> bool {
-    const SIGNS: [&str; 9] = [
+    const SIGNS: [&str; 10] = [
         "no responders",
-        // A stream just created on a forming cluster, not yet known to this server.
+        // A stream just created on a forming cluster (by this node or another), not yet known
+        // to this server.
         "no stream found",
+        "stream not found",
         "timed out",
         "deadline has elapsed",
         "temporarily unavailable",
@@ -819,6 +821,7 @@ mod tests {
             "JetStream system temporarily unavailable",
             "read stream KV_kine: timed out: request timed out: deadline has elapsed",
             "initialise bucket faults: no stream found for given subject",
+            "read stream KV_ha: request failed: stream not found (code 404, error code 10059)",
         ] {
             assert!(transient(e), "{e}");
         }

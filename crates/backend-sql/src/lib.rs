@@ -12,6 +12,6 @@ mod sqlite;
 mod view;
 mod writer;
 
-pub use pg::{PoolOptions, PostgresBackend, PostgresOptions};
+pub use pg::{PoolOptions, PostgresBackend, PostgresOptions, TlsFiles};
 pub use restore::restore_sqlite;
 pub use sqlite::{SqliteBackend, SqliteOptions};

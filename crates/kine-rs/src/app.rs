@@ -117,10 +117,13 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             (Arc::new(kine_core::memory::MemoryBackend::new()), None)
         }
         Endpoint::Postgres { url } => {
-            if cli.ca_file.is_some() || cli.cert_file.is_some() || cli.key_file.is_some() || cli.skip_verify {
-                bail!("--ca-file/--cert-file/--key-file/--skip-verify: TLS to PostgreSQL is not supported yet");
-            }
-            let options = kine_backend_sql::PostgresOptions { url, pool: pool_options(cli) };
+            let tls = kine_backend_sql::TlsFiles {
+                ca_file: cli.ca_file.clone(),
+                cert_file: cli.cert_file.clone(),
+                key_file: cli.key_file.clone(),
+                skip_verify: cli.skip_verify,
+            };
+            let options = kine_backend_sql::PostgresOptions { url, pool: pool_options(cli), tls };
             // Connecting blocks (the synchronous PostgreSQL client runs its own runtime).
             let backend = tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options))
                 .await

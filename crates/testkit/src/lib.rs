@@ -28,6 +28,7 @@ pub fn postgres(server: &postgres::PgServer, db: &str) -> Arc<dyn Backend> {
         kine_backend_sql::PostgresBackend::open(kine_backend_sql::PostgresOptions {
             url: server.url(db),
             pool: Default::default(),
+            tls: Default::default(),
         })
         .expect("open postgres backend"),
     )

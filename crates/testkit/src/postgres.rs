@@ -67,6 +67,16 @@ pub struct PgServer {
 
 impl PgServer {
     pub fn start() -> PgServer {
+        Self::start_with(None)
+    }
+
+    /// A server that takes only TLS connections with a client certificate, from the files of
+    /// [`crate::certs::make_certs`] in `certs`.
+    pub fn start_tls(certs: &std::path::Path) -> PgServer {
+        Self::start_with(Some(certs))
+    }
+
+    fn start_with(tls: Option<&std::path::Path>) -> PgServer {
         let bin = bin_dir();
         let user = run_as();
         let dir = TempDir::new("pg");
@@ -86,6 +96,24 @@ impl PgServer {
             .output()
             .expect("run initdb");
         assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        if let Some(certs) = tls {
+            // TLS only, and a client certificate signed by the CA as well as the password.
+            for (from, to) in [("server.crt", "server.crt"), ("server.key", "server.key"), ("ca.crt", "root.crt")] {
+                let dest = data.join(to);
+                std::fs::copy(certs.join(from), &dest).expect("copy certificate");
+                std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+                if let Some((uid, gid)) = user {
+                    std::os::unix::fs::chown(&dest, Some(uid), Some(gid)).expect("chown certificate");
+                }
+            }
+            let mut conf = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+            std::io::Write::write_all(&mut conf, b"ssl = on\nssl_ca_file = 'root.crt'\n").unwrap();
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\nhostssl all all 127.0.0.1/32 scram-sha-256 clientcert=verify-ca\n",
+            )
+            .unwrap();
+        }
         let port = free_port();
         let child = Self::spawn(&bin, user, &dir, port);
         PgServer { child, port, bin, user, dir }

@@ -10,6 +10,7 @@
 mod feed;
 mod pool;
 mod schema;
+mod tls;
 mod view;
 mod writer;
 
@@ -27,6 +28,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
+pub use tls::TlsFiles;
 use tokio::sync::{broadcast, oneshot, watch};
 use view::PgView;
 
@@ -42,6 +44,7 @@ pub struct PostgresOptions {
     /// The endpoint as given (`postgres://` or `postgresql://`).
     pub url: String,
     pub pool: PoolOptions,
+    pub tls: TlsFiles,
 }
 
 /// The read pool's limits (kine's `--datastore-*` flags). The writer and the feed hold one
@@ -68,12 +71,35 @@ impl Default for PoolOptions {
 #[derive(Clone)]
 pub struct Connector {
     config: postgres::Config,
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
 }
 
 impl Connector {
     pub fn connect(&self) -> anyhow::Result<postgres::Client> {
-        self.config.connect(postgres::NoTls).context("connect to PostgreSQL")
+        match &self.tls {
+            Some(tls) => self.config.connect(tls.clone()),
+            None => self.config.connect(postgres::NoTls),
+        }
+        .context("connect to PostgreSQL")
     }
+}
+
+/// The URL's `sslmode`, and the URL as the client library takes it (which knows only disable,
+/// prefer and require: the verifying modes become `require`, with verification by rustls).
+fn split_sslmode(url: &str) -> (Option<String>, String) {
+    let Some((base, query)) = url.split_once('?') else { return (None, url.to_string()) };
+    let mut mode = None;
+    let params: Vec<String> = query
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some(("sslmode", v)) => {
+                mode = Some(v.to_string());
+                if v.starts_with("verify") { "sslmode=require".to_string() } else { p.to_string() }
+            }
+            _ => p.to_string(),
+        })
+        .collect();
+    (mode, format!("{base}?{}", params.join("&")))
 }
 
 /// State shared by the writer, the feed and the async side.
@@ -133,12 +159,18 @@ impl PostgresBackend {
     fn open_here(options: PostgresOptions) -> anyhow::Result<PostgresBackend> {
         let shown = redact(&options.url);
         let url = options.url.replacen("postgresql://", "postgres://", 1);
+        let (sslmode, url) = split_sslmode(&url);
         let mut config =
             postgres::Config::from_str(&url).with_context(|| format!("--endpoint {shown}: invalid URL"))?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
-        let connector = Connector { config };
+        let tls = tls::connector(&options.tls, sslmode.as_deref()).with_context(|| format!("--endpoint {shown}"))?;
+        if tls.is_some() {
+            // TLS asked for is TLS or nothing (the library's default would fall back to plain).
+            config.ssl_mode(postgres::config::SslMode::Require);
+        }
+        let connector = Connector { config, tls };
         // A database that is starting (or not reachable yet) gets a while; a refusal (wrong
         // password, no such role) does not.
         let started = std::time::Instant::now();
@@ -205,18 +237,24 @@ fn missing_database(e: &anyhow::Error) -> bool {
 /// as opposed to no answer or "starting up".
 fn refused(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
-        c.downcast_ref::<postgres::Error>().and_then(|p| p.code()).is_some_and(|code| {
+        let db_refusal = c.downcast_ref::<postgres::Error>().and_then(|p| p.code()).is_some_and(|code| {
             *code != postgres::error::SqlState::CANNOT_CONNECT_NOW
                 && *code != postgres::error::SqlState::TOO_MANY_CONNECTIONS
-        })
+        });
+        // A failed TLS handshake (unknown CA, wrong name) will fail the same way again.
+        let tls_refusal = c.downcast_ref::<rustls::Error>().is_some()
+            || c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
+        db_refusal || tls_refusal
     })
 }
 
 fn create_database(connector: &Connector) -> anyhow::Result<()> {
     let name = connector.config.get_dbname().context("the URL names no database")?.to_string();
-    let mut admin = connector.config.clone();
-    admin.dbname("postgres");
-    let mut client = admin.connect(postgres::NoTls).context("connect to the postgres database to create ours")?;
+    let mut admin = connector.clone();
+    admin.config.dbname("postgres");
+    let mut client = admin.connect().context("connect to the postgres database to create ours")?;
     let quoted = format!("\"{}\"", name.replace('"', "\"\""));
     match client.batch_execute(&format!("CREATE DATABASE {quoted}")) {
         Ok(()) => {
@@ -389,5 +427,14 @@ mod tests {
     fn passwords_are_redacted() {
         assert_eq!(super::redact("postgres://kine:secret@db:5432/kine"), "postgres://kine:***@db:5432/kine");
         assert_eq!(super::redact("postgres://db/kine"), "postgres://db/kine");
+    }
+
+    #[test]
+    fn verifying_ssl_modes_become_require() {
+        assert_eq!(
+            super::split_sslmode("postgres://h/db?sslmode=verify-full&x=1"),
+            (Some("verify-full".into()), "postgres://h/db?sslmode=require&x=1".into())
+        );
+        assert_eq!(super::split_sslmode("postgres://h/db"), (None, "postgres://h/db".into()));
     }
 }
