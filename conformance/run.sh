@@ -145,29 +145,13 @@ if [[ "$BACKEND" == nats ]]; then
 fi
 
 if [[ "$BACKEND" == postgres ]]; then
-    # One throwaway PostgreSQL server for the whole run (loopback, password user `kine`); each
-    # test uses a database of its own, which kine-rs creates. As root it runs as `postgres`.
-    PG_BIN_DIR="${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)}"
-    [[ -n "$PG_BIN_DIR" && -x "$PG_BIN_DIR/initdb" ]] || die "PostgreSQL not found (apt-get install postgresql, or set PG_BIN)"
-    PGROOT="$(mktemp -d /tmp/kine-rs-conformance-pg.XXXXXX)"
-    chmod 711 "$PGROOT"
-    as_pg=()
-    if [[ "$(id -u)" == 0 ]]; then
-        chown postgres:postgres "$PGROOT"
-        as_pg=(runuser -u postgres --)
-    fi
-    printf 'kine-test-password\n' >"$PGROOT/pwfile"
-    [[ ${#as_pg[@]} -gt 0 ]] && chown postgres "$PGROOT/pwfile"
-    (cd / && "${as_pg[@]}" "$PG_BIN_DIR/initdb" -D "$PGROOT/data" -U kine --pwfile="$PGROOT/pwfile" \
-        --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 --no-sync >"$PGROOT/initdb.log" 2>&1) ||
-        die "initdb failed: $(cat "$PGROOT/initdb.log")"
-    PG_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-    (cd / && "${as_pg[@]}" "$PG_BIN_DIR/pg_ctl" -D "$PGROOT/data" -l "$PGROOT/server.log" -w -t 60 start \
-        -o "-c listen_addresses=127.0.0.1 -c port=$PG_PORT -c unix_socket_directories=$PGROOT -c max_connections=300" >/dev/null) ||
-        die "PostgreSQL did not start: $(tail -20 "$PGROOT/server.log")"
-    trap '(cd / && "${as_pg[@]}" "$PG_BIN_DIR/pg_ctl" -D "$PGROOT/data" -m fast -w stop >/dev/null 2>&1); rm -rf "$PGROOT"' EXIT
-    export KINE_RS_PG_URL="postgres://kine:kine-test-password@127.0.0.1:$PG_PORT"
-    log "PostgreSQL $("$PG_BIN_DIR/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT"
+    # One throwaway PostgreSQL server for the whole run; each test uses a database of its own,
+    # which kine-rs creates.
+    source "$REPO_ROOT/scripts/pg-throwaway.sh"
+    pg_throwaway_start || die "cannot start PostgreSQL"
+    trap pg_throwaway_stop EXIT
+    export KINE_RS_PG_URL="$PG_THROWAWAY_URL"
+    log "PostgreSQL $PG_THROWAWAY_VERSION on ${PG_THROWAWAY_URL##*@}"
 fi
 
 # Compile first with the default parallelism (both cores)...

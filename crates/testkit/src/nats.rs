@@ -29,7 +29,21 @@ pub fn nats_server_bin() -> PathBuf {
     candidate
 }
 
+/// A port nothing listens on, below the kernel's ephemeral range: a server killed and started
+/// again on it must find it free, and a port from the ephemeral range can meanwhile become the
+/// local end of some outgoing connection (seen in CI: a restarted nats-server could not bind).
 pub fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    let (from, to) = (10_000u16, low.max(10_001));
+    for _ in 0..1000 {
+        let port = from + (kine_core::id::random_u64() % u64::from(to - from)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().expect("local addr").port()
 }
 
@@ -139,7 +153,13 @@ impl ClusterNode {
             .args(["--cluster", &format!("nats://127.0.0.1:{}", self.cluster_port), "--routes", &self.routes, "-sd"])
             .arg(self.dir.path())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.path().join("server.log"))
+                    .expect("open the nats-server log"),
+            )
             .spawn()
             .expect("spawn nats-server");
         self.child = Some(child);
@@ -163,7 +183,15 @@ impl ClusterNode {
         self.spawn();
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server {} did not start", self.name);
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                panic!(
+                    "nats-server {} did not start:\n{}",
+                    self.name,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
