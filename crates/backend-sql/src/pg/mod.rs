@@ -39,12 +39,23 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long start-up waits for a database that is not reachable yet.
 const START_PATIENCE: Duration = Duration::from_secs(30);
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct PostgresOptions {
     /// The endpoint as given (`postgres://` or `postgresql://`).
     pub url: String,
     pub pool: PoolOptions,
     pub tls: TlsFiles,
+}
+
+/// Without the password.
+impl std::fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresOptions")
+            .field("url", &redact(&self.url))
+            .field("pool", &self.pool)
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 /// The read pool's limits (kine's `--datastore-*` flags). The writer and the feed hold one
