@@ -388,7 +388,10 @@ impl Inner {
             .events
             .as_ref()
             .map(|ev| {
-                ev.events.iter().map(|e| t.last_change(&e.kv.key).map_or(0, |rev| seqs.get(&e.kv.key, rev))).collect()
+                ev.events
+                    .iter()
+                    .map(|e| t.newest(&e.kv.key).map_or(0, |(rev, _)| seqs.last_subject_seq(&e.kv.key, rev)))
+                    .collect()
             })
             .unwrap_or_default();
         let expect = match (op, &applied.response, &applied.events) {
@@ -518,6 +521,7 @@ impl NatsBackend {
         let mut synced = false;
         let keys = write_locks::request_keys(&op);
         let mut exclusive = keys.is_none();
+        let mut lost: Vec<Vec<u8>> = Vec::new();
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let _guard = match &keys {
                 Some(keys) if !exclusive => inner.locks.keys(keys).await,
@@ -562,35 +566,62 @@ impl NatsBackend {
                 }
                 None => {
                     tracing::debug!("conditional write lost to another writer; evaluating again");
-                    self.forget_compacted_keys(&ev.events).await?;
                     inner.barrier().await?;
+                    self.find_emptied_keys(&ev.events).await?;
+                    lost = ev.events.iter().map(|e| e.kv.key.clone()).collect();
                     synced = true;
                     continue;
                 }
             }
         }
+        for key in lost {
+            let newest = inner.table().newest(&key);
+            if let Some((rev, false)) = newest
+                && !self.subject_exists(&key).await?
+            {
+                return Err(unavailable(format!(
+                    "key {:?} has no message in the NATS stream although this node holds its version at \
+                     revision {rev}: the stream was changed outside kine-rs (purged?)",
+                    String::from_utf8_lossy(&key)
+                )));
+            }
+        }
         Err(unavailable("a write kept conflicting with other writers"))
     }
 
-    /// After a failed expectation: a written key whose subject is empty on the server was
-    /// deleted and compacted away (possibly by another node) — forget it, so that the next
-    /// attempt expects an empty subject. Real races need nothing: the replica catches up.
-    async fn forget_compacted_keys(&self, events: &[kine_core::Event]) -> Result<()> {
-        for event in events {
-            let subject = message::subject(&self.inner.bucket, &event.kv.key);
-            let exists =
-                match tokio::time::timeout(NATS_TIMEOUT, self.inner.stream.get_last_raw_message_by_subject(&subject))
-                    .await
-                {
-                    Ok(Ok(_)) => true,
-                    Ok(Err(e)) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => false,
-                    Ok(Err(e)) => return Err(unavailable(format!("read the last message of a key: {e}"))),
-                    Err(_) => return Err(unavailable("read the last message of a key: timed out")),
-                };
-            if !exists {
-                let mut t = self.inner.table();
-                t.forget_key(&event.kv.key);
-                self.inner.seqs().forget_key(&event.kv.key);
+    /// Does the stream (its leader) hold a message for `key`?
+    async fn subject_exists(&self, key: &[u8]) -> Result<bool> {
+        let subject = message::subject(&self.inner.bucket, key);
+        match tokio::time::timeout(NATS_TIMEOUT, self.inner.stream.get_last_raw_message_by_subject(&subject)).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(e)) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(false),
+            Ok(Err(e)) => Err(unavailable(format!("read the last message of a key: {e}"))),
+            Err(_) => Err(unavailable("read the last message of a key: timed out")),
+        }
+    }
+
+    /// After a failed expectation, on a synchronised replica: a written key whose newest
+    /// version here is a deletion, and whose subject is empty on the server, was compacted away
+    /// (by another node, or by a compaction this replica has not applied yet): its next write
+    /// must expect an empty subject. The replica's history is never changed on such an answer:
+    /// a key whose newest version is a put is left alone whatever the server says (a stream
+    /// leader still catching up after a restart can miss a subject; believing it once dropped a
+    /// key's whole history here), and a wrong "empty" costs one more failed expectation, never
+    /// a lost update.
+    async fn find_emptied_keys(&self, events: &[kine_core::Event]) -> Result<()> {
+        let deleted: Vec<(Vec<u8>, Revision)> = {
+            let t = self.inner.table();
+            events
+                .iter()
+                .filter_map(|e| match t.newest(&e.kv.key) {
+                    Some((rev, true)) => Some((e.kv.key.clone(), rev)),
+                    _ => None,
+                })
+                .collect()
+        };
+        for (key, rev) in deleted {
+            if !self.subject_exists(&key).await? {
+                self.inner.seqs().mark_emptied(&key, rev);
             }
         }
         Ok(())
@@ -701,7 +732,7 @@ impl Backend for NatsBackend {
         let inner = &self.inner;
         // One compaction at a time. Writes go on meanwhile: purges remove only messages at or
         // below the compact revision, and a write to a key whose messages were all purged fails
-        // its expectation and is evaluated again (`forget_compacted_keys`); a long compaction
+        // its expectation and is evaluated again (`find_emptied_keys`); a long compaction
         // (many keys, a long stream) must not stop writes.
         let _compaction = inner.compaction.lock().await;
         inner.barrier().await?;

@@ -109,6 +109,10 @@ impl Assembler {
 #[derive(Debug, Default)]
 pub struct MessageSeqs {
     seqs: BTreeMap<(Vec<u8>, Revision), Revision>,
+    /// Keys whose subject the stream leader found empty while the replica's newest version of
+    /// them is the deletion at this revision: compacted away (by another node, or a compaction
+    /// this replica has not applied yet). Their next write expects an empty subject.
+    emptied: BTreeMap<Vec<u8>, Revision>,
 }
 
 impl MessageSeqs {
@@ -121,9 +125,27 @@ impl MessageSeqs {
         self.seqs.get(&(key.to_vec(), revision)).copied().unwrap_or(revision)
     }
 
+    /// The sequence of the last message the stream holds for `key`, whose newest version on
+    /// the replica is at `revision` (0: none).
+    pub fn last_subject_seq(&self, key: &[u8], revision: Revision) -> Revision {
+        match self.emptied.get(key) {
+            Some(deleted) if *deleted == revision => 0,
+            _ => self.get(key, revision),
+        }
+    }
+
+    /// Records that `key`'s subject is empty although the replica's newest version of it is
+    /// the deletion at `deleted`.
+    pub fn mark_emptied(&mut self, key: &[u8], deleted: Revision) {
+        self.emptied.insert(key.to_vec(), deleted);
+    }
+
     /// Forgets `key`'s versions below `revision` (compaction removed them); with `inclusive`,
     /// also the one at `revision`.
     pub fn prune(&mut self, key: &[u8], revision: Revision, inclusive: bool) {
+        if self.emptied.get(key).is_some_and(|d| *d < revision || inclusive) {
+            self.emptied.remove(key);
+        }
         let doomed: Vec<_> = self
             .seqs
             .range((key.to_vec(), 0)..=(key.to_vec(), revision))
@@ -135,18 +157,14 @@ impl MessageSeqs {
         }
     }
 
-    pub fn forget_key(&mut self, key: &[u8]) {
-        self.prune(key, Revision::MAX, true);
-    }
-
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.seqs.len()
+        self.seqs.len() + self.emptied.len()
     }
 
     #[cfg(test)]
     fn is_empty(&self) -> bool {
-        self.seqs.is_empty()
+        self.seqs.is_empty() && self.emptied.is_empty()
     }
 }
 
@@ -184,7 +202,20 @@ mod tests {
         assert_eq!(seqs.get(b"a", 7), 5);
         seqs.prune(b"a", 9, false);
         assert_eq!(seqs.get(b"a", 7), 7);
-        seqs.forget_key(b"b");
+        seqs.prune(b"b", Revision::MAX, true);
+        assert!(seqs.is_empty());
+    }
+
+    #[test]
+    fn an_emptied_subject_is_expected_empty_only_while_its_deletion_is_newest() {
+        let mut seqs = MessageSeqs::default();
+        seqs.mark_emptied(b"k", 9);
+        assert_eq!(seqs.last_subject_seq(b"k", 9), 0);
+        // A newer version (written since) has its own sequence.
+        assert_eq!(seqs.last_subject_seq(b"k", 12), 12);
+        assert_eq!(seqs.last_subject_seq(b"other", 9), 9);
+        // Compaction past the deletion forgets it.
+        seqs.prune(b"k", 10, false);
         assert!(seqs.is_empty());
     }
 

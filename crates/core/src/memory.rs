@@ -104,15 +104,9 @@ impl MemTable {
         Ok(applied)
     }
 
-    /// Replica use: drops every version of a key that the shared store no longer holds (its
-    /// deletion was compacted away).
-    pub fn forget_key(&mut self, key: &[u8]) {
-        self.keys.remove(key);
-    }
-
-    /// The revision of a key's newest change (put or deletion) still held, if any.
-    pub fn last_change(&self, key: &[u8]) -> Option<Revision> {
-        self.keys.get(key).and_then(|h| h.last()).map(|(r, _)| *r)
+    /// The revision of a key's newest change still held, and whether it is a deletion.
+    pub fn newest(&self, key: &[u8]) -> Option<(Revision, bool)> {
+        self.keys.get(key).and_then(|h| h.last()).map(|(r, kv)| (*r, kv.is_none()))
     }
 
     /// For compaction planning: `(key, newest revision <= until, is that newest a deletion)`

@@ -454,7 +454,7 @@ async fn run(mut nodes: Box<dyn Nodes>, bucket: &str) {
     }
     // Every acknowledged write is readable at its revision on every node (concurrently, 32
     // reads in flight per node).
-    for c in &clients {
+    for (node, c) in clients.iter().enumerate() {
         let reads = futures_util::stream::iter(acked.writes.iter().cloned()).map(|(key, rev, value)| {
             let c = c.clone();
             async move {
@@ -466,9 +466,9 @@ async fn run(mut nodes: Box<dyn Nodes>, bucket: &str) {
                 match (&value, r.kvs().first()) {
                     (None, None) => {}
                     (Some(v), Some(kv)) => {
-                        assert_eq!((kv.mod_revision(), text(kv.value())), (rev, v.clone()), "{key}@{rev}")
+                        assert_eq!((kv.mod_revision(), text(kv.value())), (rev, v.clone()), "node {node}: {key}@{rev}")
                     }
-                    (v, kv) => panic!("{key}@{rev}: expected {v:?}, got {kv:?}"),
+                    (v, kv) => panic!("node {node}: {key}@{rev}: expected {v:?}, got {kv:?}"),
                 }
             }
         });

@@ -323,3 +323,42 @@ async fn a_node_behind_a_per_key_limit_loads_the_bucket_again() {
     let old = get(&ca, "/h/k", Some(GetOptions::new().with_revision(floor))).await.unwrap();
     assert_eq!(old.kvs()[0].value(), b"4");
 }
+
+/// Subjects emptied behind kine-rs's back (a purge by hand, or a stream leader still catching
+/// up after a restart that answers "no message" for a subject it does not hold yet): a deleted
+/// key whose subject is empty can be created again; a key this node holds a value for keeps its
+/// whole history (it was once dropped on such an answer, losing old revisions on that node), and
+/// a write to it fails with an error naming the cause instead of guessing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emptied_subjects_never_drop_history() {
+    let nats = NatsServer::start();
+    let node = Server::start(&["--endpoint", &format!("{}?noEmbed&bucket=emptied", nats.url())]);
+    let mut c = node.client().await;
+    let first = c.put("/e/live", "1", None).await.unwrap().header().unwrap().revision();
+    c.put("/e/live", "2", None).await.unwrap();
+    c.put("/e/gone", "x", None).await.unwrap();
+    c.delete("/e/gone", None).await.unwrap();
+
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let stream = js.get_stream("KV_emptied").await.unwrap();
+    for key in ["/e/live", "/e/gone"] {
+        let subject = kine_backend_nats::message::subject("emptied", key.as_bytes());
+        stream.purge().filter(subject).await.unwrap();
+    }
+
+    // The deleted key: created again, expecting an empty subject.
+    let create = Txn::new()
+        .when([Compare::mod_revision("/e/gone", CompareOp::Equal, 0)])
+        .and_then([TxnOp::put("/e/gone", "y", None)]);
+    assert!(c.txn(create).await.unwrap().succeeded());
+    assert_eq!(c.get("/e/gone", None).await.unwrap().kvs()[0].value(), b"y");
+
+    // The live key: history intact, and a write says what is wrong.
+    let old = c.get("/e/live", Some(GetOptions::new().with_revision(first))).await.unwrap();
+    assert_eq!(old.kvs()[0].value(), b"1");
+    let e = c.put("/e/live", "3", None).await.unwrap_err();
+    assert!(e.to_string().contains("has no message in the NATS stream"), "{e}");
+    let old = c.get("/e/live", Some(GetOptions::new().with_revision(first))).await.unwrap();
+    assert_eq!(old.kvs()[0].value(), b"1", "history survives the failed write");
+    assert_eq!(c.get("/e/live", None).await.unwrap().kvs()[0].value(), b"2");
+}
