@@ -2,7 +2,7 @@
 # Runs the Kubernetes storage test suite (k8s.io/apiserver) unmodified against
 # kine-rs. See README.md.
 #
-#   conformance/run.sh --backend sqlite|memory|nats|nats-embedded|postgres [--run REGEX] [--bin PATH]
+#   conformance/run.sh --backend sqlite|memory|nats|nats-embedded|postgres|mysql [--run REGEX] [--bin PATH]
 #                      [--pkg PACKAGE]... [--verbose]
 set -euo pipefail
 
@@ -46,10 +46,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 case "$BACKEND" in
-    sqlite|memory|nats|nats-embedded|postgres) ;;
-    mysql)
-        echo "run.sh: backend $BACKEND is not supported by the conformance harness yet" >&2; exit 2 ;;
-    *) echo "run.sh: --backend sqlite|memory|nats|nats-embedded|postgres is required" >&2; usage ;;
+    sqlite|memory|nats|nats-embedded|postgres|mysql) ;;
+    *) echo "run.sh: --backend sqlite|memory|nats|nats-embedded|postgres|mysql is required" >&2; usage ;;
 esac
 [[ ${#PACKAGES[@]} -gt 0 ]] || PACKAGES=("${DEFAULT_PACKAGES[@]}")
 
@@ -152,6 +150,16 @@ if [[ "$BACKEND" == postgres ]]; then
     trap pg_throwaway_stop EXIT
     export KINE_RS_PG_URL="$PG_THROWAWAY_URL"
     log "PostgreSQL $PG_THROWAWAY_VERSION on ${PG_THROWAWAY_URL##*@}"
+fi
+
+if [[ "$BACKEND" == mysql ]]; then
+    # One throwaway MariaDB server for the whole run; each test uses a database of its own,
+    # which kine-rs creates.
+    source "$REPO_ROOT/scripts/mysql-throwaway.sh"
+    mysql_throwaway_start || die "cannot start MariaDB"
+    trap mysql_throwaway_stop EXIT
+    export KINE_RS_MYSQL_URL="$MYSQL_THROWAWAY_URL"
+    log "MariaDB $MYSQL_THROWAWAY_VERSION on ${MYSQL_THROWAWAY_URL##*@}"
 fi
 
 # Compile first with the default parallelism (both cores)...

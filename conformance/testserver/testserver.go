@@ -10,8 +10,10 @@
 // Configuration comes from the environment:
 //
 //	KINE_RS_BIN         path of the kine-rs binary (required)
-//	KINE_RS_BACKEND     sqlite (default), memory, nats, nats-embedded or postgres; see endpointFor
+//	KINE_RS_BACKEND     sqlite (default), memory, nats, nats-embedded, postgres or mysql; see endpointFor
 //	KINE_RS_NATS_URL    nats://host:port of the nats-server for KINE_RS_BACKEND=nats
+//	KINE_RS_PG_URL      postgres://user:pass@host:port (no database) for KINE_RS_BACKEND=postgres
+//	KINE_RS_MYSQL_URL   mysql://user:pass@tcp(host:port) (no database) for KINE_RS_BACKEND=mysql
 //	KINE_RS_LOG_DIR     optional directory that keeps one server log per test
 //	                    (default: a per-test temporary directory)
 //	KINE_RS_EXTRA_ARGS  optional extra command-line arguments, split on spaces
@@ -226,13 +228,20 @@ func endpointFor(backend, dir string) (string, error) {
 		bucketSeq++
 		return fmt.Sprintf("%s/t%d_%d?sslmode=disable", pgURL, os.Getpid(), bucketSeq), nil
 	case "mysql":
-		return "", fmt.Errorf("KINE_RS_BACKEND=%s is not supported by the conformance harness yet", backend)
+		// Likewise one MariaDB server for the run and a database per test (kine-rs creates it);
+		// t<pid>_<n> is a valid MySQL name (letters, digits, underscore; far below 64 characters).
+		mysqlURL := os.Getenv("KINE_RS_MYSQL_URL")
+		if mysqlURL == "" {
+			return "", fmt.Errorf("KINE_RS_BACKEND=mysql needs KINE_RS_MYSQL_URL (run.sh starts MariaDB and sets it)")
+		}
+		bucketSeq++
+		return fmt.Sprintf("%s/t%d_%d", mysqlURL, os.Getpid(), bucketSeq), nil
 	default:
-		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite, memory, nats, nats-embedded or postgres)", backend)
+		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite, memory, nats, nats-embedded, postgres or mysql)", backend)
 	}
 }
 
-// bucketSeq numbers the NATS buckets and PostgreSQL databases of one test binary (servers
+// bucketSeq numbers the NATS buckets and PostgreSQL/MySQL databases of one test binary (servers
 // start one at a time).
 var bucketSeq int
 

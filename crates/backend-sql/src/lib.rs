@@ -4,14 +4,17 @@
 //! the write engine of `kine-core`, each with its own SQL; MySQL/MariaDB will follow.
 //! This crate knows SQL and `kine-core`, nothing of gRPC.
 
+mod mysql;
 mod pg;
 mod pool;
+mod remote;
 mod restore;
 mod schema;
 mod sqlite;
 mod view;
 mod writer;
 
+pub use mysql::{MysqlBackend, MysqlOptions};
 pub use pg::{PoolOptions, PostgresBackend, PostgresOptions, TlsFiles};
 pub use restore::restore_sqlite;
 pub use sqlite::{SqliteBackend, SqliteOptions};

@@ -99,8 +99,18 @@ fn pool_flags_unused(cli: &Cli, backend: &str) {
     }
 }
 
+/// kine's datastore TLS flags, for the SQL databases.
+fn sql_tls(cli: &Cli) -> kine_backend_sql::TlsFiles {
+    kine_backend_sql::TlsFiles {
+        ca_file: cli.ca_file.clone(),
+        cert_file: cli.cert_file.clone(),
+        key_file: cli.key_file.clone(),
+        skip_verify: cli.skip_verify,
+    }
+}
+
 async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, Embedded)> {
-    if !cli.endpoint.starts_with("postgres") {
+    if !cli.endpoint.starts_with("postgres") && !cli.endpoint.starts_with("mysql") {
         let name = cli.endpoint.split("://").next().filter(|s| !s.is_empty()).unwrap_or("sqlite");
         pool_flags_unused(cli, name);
     }
@@ -117,17 +127,18 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             (Arc::new(kine_core::memory::MemoryBackend::new()), None)
         }
         Endpoint::Postgres { url } => {
-            let tls = kine_backend_sql::TlsFiles {
-                ca_file: cli.ca_file.clone(),
-                cert_file: cli.cert_file.clone(),
-                key_file: cli.key_file.clone(),
-                skip_verify: cli.skip_verify,
-            };
-            let options = kine_backend_sql::PostgresOptions { url, pool: pool_options(cli), tls };
+            let options = kine_backend_sql::PostgresOptions { url, pool: pool_options(cli), tls: sql_tls(cli) };
             // Connecting blocks (the synchronous PostgreSQL client runs its own runtime).
             let backend = tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options))
                 .await
                 .context("open PostgreSQL")??;
+            (Arc::new(backend), None)
+        }
+        Endpoint::Mysql { url } => {
+            let options = kine_backend_sql::MysqlOptions { url, pool: pool_options(cli), tls: sql_tls(cli) };
+            let backend = tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open(options))
+                .await
+                .context("open MySQL")??;
             (Arc::new(backend), None)
         }
         Endpoint::Nats(config) => {

@@ -14,6 +14,10 @@ pub enum Endpoint {
     Postgres {
         url: String,
     },
+    /// `mysql://`, kept whole (go-sql-driver's DSN, or the URL form).
+    Mysql {
+        url: String,
+    },
     Nats(Box<kine_backend_nats::config::NatsConfig>),
 }
 
@@ -131,11 +135,12 @@ pub fn parse(endpoint: &str) -> Result<Endpoint, String> {
             Ok(Endpoint::Nats(Box::new(cfg)))
         }
         "postgres" | "postgresql" => Ok(Endpoint::Postgres { url: endpoint.to_string() }),
-        "mysql" | "jetstream" => Err(format!(
-            "--endpoint {scheme}://…: the {scheme} backend is not available in this version of kine-rs (supported: sqlite://, memory://, nats://, postgres://)"
+        "mysql" => Ok(Endpoint::Mysql { url: endpoint.to_string() }),
+        "jetstream" => Err(format!(
+            "--endpoint {scheme}://…: the {scheme} backend is not available in this version of kine-rs (supported: sqlite://, memory://, nats://, postgres://, mysql://)"
         )),
         other => Err(format!(
-            "--endpoint {scheme}://…: unknown datastore scheme {other:?} (supported: sqlite://, memory://, nats://, postgres://)"
+            "--endpoint {scheme}://…: unknown datastore scheme {other:?} (supported: sqlite://, memory://, nats://, postgres://, mysql://)"
         )),
     }
 }

@@ -31,7 +31,8 @@ struct Kine {
     server: Server,
     _dir: TempDir,
     _nats: Option<kine_testkit::nats::NatsServer>,
-    _pg: Option<kine_testkit::postgres::PgServer>,
+    /// A database server (PostgreSQL, MariaDB), stopped on drop.
+    _db: Option<Box<dyn std::any::Any>>,
 }
 
 fn kine(backend: &str) -> Kine {
@@ -47,11 +48,26 @@ fn kine(backend: &str) -> Kine {
         "postgres" => {
             let pg = kine_testkit::postgres::PgServer::start();
             let url = pg.url("diff");
-            return Kine { server: Server::start(&["--endpoint", &url]), _dir: dir, _nats: None, _pg: Some(pg) };
+            return Kine {
+                server: Server::start(&["--endpoint", &url]),
+                _dir: dir,
+                _nats: None,
+                _db: Some(Box::new(pg)),
+            };
+        }
+        "mysql" => {
+            let db = kine_testkit::mysql::MariaDbServer::start();
+            let url = db.url("diff");
+            return Kine {
+                server: Server::start(&["--endpoint", &url]),
+                _dir: dir,
+                _nats: None,
+                _db: Some(Box::new(db)),
+            };
         }
         other => panic!("unknown backend {other}"),
     };
-    Kine { server: Server::start(&["--endpoint", &endpoint]), _dir: dir, _nats: nats, _pg: None }
+    Kine { server: Server::start(&["--endpoint", &endpoint]), _dir: dir, _nats: nats, _db: None }
 }
 
 /// A difference: the index of the first request answered differently, both answers, or the
@@ -238,6 +254,11 @@ async fn same_answers_as_etcd_on_nats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_answers_as_etcd_on_postgres() {
     differential("postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_answers_as_etcd_on_mysql() {
+    differential("mysql").await;
 }
 
 #[cfg(feature = "embedded-nats")]

@@ -4,6 +4,7 @@
 pub mod certs;
 pub mod contract;
 pub mod model;
+pub mod mysql;
 pub mod nats;
 pub mod postgres;
 
@@ -31,6 +32,18 @@ pub fn postgres(server: &postgres::PgServer, db: &str) -> Arc<dyn Backend> {
             tls: Default::default(),
         })
         .expect("open postgres backend"),
+    )
+}
+
+/// A MySQL backend on database `db` of `server` (created if missing).
+pub fn mysql(server: &mysql::MariaDbServer, db: &str) -> Arc<dyn Backend> {
+    Arc::new(
+        kine_backend_sql::MysqlBackend::open(kine_backend_sql::MysqlOptions {
+            url: server.url(db),
+            pool: Default::default(),
+            tls: Default::default(),
+        })
+        .expect("open mysql backend"),
     )
 }
 

@@ -14,22 +14,22 @@ mod tls;
 mod view;
 mod writer;
 
+pub use crate::remote::{PoolOptions, Shared};
 use crate::writer::Job;
 use anyhow::Context;
-use kine_core::backend::{Backend, BackendStatus, FEED_CAPACITY, LeaseUpdate, Revisions};
+use kine_core::backend::{Backend, BackendStatus, LeaseUpdate, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
 use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, range};
 use pool::ReadPool;
 use postgres::types::Type;
-use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 pub use tls::TlsFiles;
-use tokio::sync::{broadcast, oneshot, watch};
+use tokio::sync::{broadcast, oneshot};
 use view::PgView;
 
 /// How long a read waits for this node's feed to publish what the database already holds.
@@ -55,26 +55,6 @@ impl std::fmt::Debug for PostgresOptions {
             .field("pool", &self.pool)
             .field("tls", &self.tls)
             .finish()
-    }
-}
-
-/// The read pool's limits (kine's `--datastore-*` flags). The writer and the feed hold one
-/// connection each besides.
-#[derive(Clone, Copy, Debug)]
-pub struct PoolOptions {
-    /// Idle connections kept.
-    pub max_idle: usize,
-    /// Connections open at once; `None` = no limit.
-    pub max_open: Option<usize>,
-    /// Connections are closed after this age; `None` = never.
-    pub max_lifetime: Option<Duration>,
-    /// Idle connections are closed after this long; `None` = never.
-    pub max_idle_time: Option<Duration>,
-}
-
-impl Default for PoolOptions {
-    fn default() -> Self {
-        PoolOptions { max_idle: 20, max_open: None, max_lifetime: None, max_idle_time: Some(Duration::from_secs(120)) }
     }
 }
 
@@ -111,27 +91,6 @@ fn split_sslmode(url: &str) -> (Option<String>, String) {
         })
         .collect();
     (mode, format!("{base}?{}", params.join("&")))
-}
-
-/// State shared by the writer, the feed and the async side.
-pub struct Shared {
-    /// The last revision this node's feed published.
-    pub current: AtomicI64,
-    pub compacted: AtomicI64,
-    pub feed: broadcast::Sender<Arc<RevisionEvents>>,
-    /// The database revision the feed has caught up with (for `revisions()` to wait on).
-    pub published: watch::Sender<Revision>,
-    pub closed: AtomicBool,
-    /// Lease changes of every node, for this node's lessor.
-    pub lease_updates: broadcast::Sender<LeaseUpdate>,
-    /// Each lease's renewal count as this node last heard of it.
-    pub lease_seen: Mutex<HashMap<LeaseId, i64>>,
-}
-
-impl Shared {
-    pub fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, i64>> {
-        self.lease_seen.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 pub struct PostgresBackend {
@@ -204,15 +163,7 @@ impl PostgresBackend {
         };
         let meta = schema::init(&mut client)?;
         drop(client);
-        let shared = Arc::new(Shared {
-            current: AtomicI64::new(meta.revision),
-            compacted: AtomicI64::new(meta.compact_revision),
-            feed: broadcast::channel(FEED_CAPACITY).0,
-            published: watch::channel(meta.revision).0,
-            closed: AtomicBool::new(false),
-            lease_updates: broadcast::channel(1024).0,
-            lease_seen: Mutex::new(HashMap::new()),
-        });
+        let shared = Arc::new(Shared::new(meta.revision, meta.compact_revision));
         let writer = writer::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL writer")?;
         feed::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL event feed")?;
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "PostgreSQL database open");

@@ -152,3 +152,4 @@ where
         }
     }
 }
+pub mod shared_db;

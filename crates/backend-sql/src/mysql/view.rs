@@ -1,0 +1,215 @@
+//! `ReadView` / `WriteView` over one MySQL transaction, and the events query. The SQL is
+//! PostgreSQL's with `?` placeholders; `key` is a reserved word, quoted where unqualified.
+
+use super::schema::MAX_KEY_LEN;
+use anyhow::Context;
+use kine_core::view::{ReadView, WriteView};
+use kine_core::{Error, Event, EventKind, KeyRange, KeyValue, LeaseId, RangeEnd, Result, Revision, RevisionEvents};
+use mysql::prelude::Queryable;
+use mysql::{Row, Value};
+
+/// SQL condition for `column` in `range`, its parameters appended to `args`.
+fn key_condition(args: &mut Vec<Value>, range: &KeyRange, column: &str) -> String {
+    args.push(Value::Bytes(range.start.clone()));
+    match &range.end {
+        RangeEnd::Single => format!("{column} = ?"),
+        RangeEnd::Unbounded => format!("{column} >= ?"),
+        RangeEnd::Before(end) => {
+            args.push(Value::Bytes(end.clone()));
+            format!("{column} >= ? AND {column} < ?")
+        }
+    }
+}
+
+/// SQL condition: row `k` is its key's newest version at or below the revision parameter
+/// that follows in `args`.
+fn latest(args: &mut Vec<Value>, rev: Revision) -> &'static str {
+    args.push(Value::Int(rev));
+    "NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= ?
+                 AND (n.mod_revision > k.mod_revision OR (n.mod_revision = k.mod_revision AND n.sub > k.sub)))"
+}
+
+const KV_COLUMNS: &str = "k.key, k.create_revision, k.mod_revision, k.version, k.lease";
+
+fn column<T: mysql::prelude::FromValue>(row: &Row, i: usize) -> Result<T> {
+    match row.get_opt::<T, usize>(i) {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(e)) => Err(Error::Backend(anyhow::anyhow!("column {i}: {e}"))),
+        None => Err(Error::Backend(anyhow::anyhow!("column {i} is missing"))),
+    }
+}
+
+fn kv_from_row(row: &Row, offset: usize) -> Result<KeyValue> {
+    Ok(KeyValue {
+        key: column(row, offset)?,
+        create_revision: column(row, offset + 1)?,
+        mod_revision: column(row, offset + 2)?,
+        version: column(row, offset + 3)?,
+        lease: column(row, offset + 4)?,
+        value: column(row, offset + 5)?,
+    })
+}
+
+pub fn backend_err(e: impl Into<anyhow::Error>, what: &'static str) -> Error {
+    Error::Backend(e.into().context(what))
+}
+
+pub struct MyView<'v, C: Queryable> {
+    pub conn: &'v mut C,
+    /// The last committed revision this view builds on (advances inside a write batch).
+    pub revision: Revision,
+    pub compacted: Revision,
+}
+
+impl<C: Queryable> ReadView for MyView<'_, C> {
+    fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+        let value = if keys_only { "''" } else { "k.value" };
+        let mut args = Vec::new();
+        let cond = key_condition(&mut args, range, "k.key");
+        args.push(Value::Int(rev));
+        let sql = if range.end == RangeEnd::Single {
+            format!(
+                "SELECT {KV_COLUMNS}, {value}, k.deleted FROM kv k
+                 WHERE {cond} AND k.mod_revision <= ? ORDER BY k.mod_revision DESC, k.sub DESC LIMIT 1"
+            )
+        } else {
+            let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
+            let latest = latest(&mut args, rev);
+            format!(
+                "SELECT {KV_COLUMNS}, {value}, k.deleted FROM kv k
+                 WHERE {cond} AND k.mod_revision <= ? AND NOT k.deleted AND {latest}
+                 ORDER BY k.key {limit_sql}"
+            )
+        };
+        let rows: Vec<Row> = self.conn.exec(sql, args).map_err(|e| backend_err(e, "run range query"))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if !column::<bool>(row, 6)? {
+                out.push(kv_from_row(row, 0)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn count(&mut self, range: &KeyRange, rev: Revision) -> Result<i64> {
+        let mut args = Vec::new();
+        let cond = key_condition(&mut args, range, "k.key");
+        args.push(Value::Int(rev));
+        let latest = latest(&mut args, rev);
+        let sql =
+            format!("SELECT COUNT(*) FROM kv k WHERE {cond} AND k.mod_revision <= ? AND NOT k.deleted AND {latest}");
+        let n: Option<i64> = self.conn.exec_first(sql, args).map_err(|e| backend_err(e, "run count query"))?;
+        Ok(n.unwrap_or(0))
+    }
+}
+
+impl<C: Queryable> WriteView for MyView<'_, C> {
+    fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    fn compact_revision(&self) -> Revision {
+        self.compacted
+    }
+
+    fn keys_with_lease(&mut self, lease: LeaseId, rev: Revision) -> Result<Vec<Vec<u8>>> {
+        self.conn
+            .exec(
+                "SELECT k.key FROM kv k WHERE k.lease = ? AND k.mod_revision <= ? AND NOT k.deleted AND
+                   NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= ?
+                               AND (n.mod_revision > k.mod_revision
+                                    OR (n.mod_revision = k.mod_revision AND n.sub > k.sub)))
+                 ORDER BY k.key",
+                (lease, rev, rev),
+            )
+            .map_err(|e| backend_err(e, "run lease keys query"))
+    }
+
+    fn lease(&mut self, id: LeaseId) -> Result<Option<i64>> {
+        self.conn.exec_first("SELECT ttl FROM lease WHERE id = ?", (id,)).map_err(|e| backend_err(e, "read lease"))
+    }
+
+    fn insert_lease(&mut self, id: LeaseId, ttl: i64) -> Result<()> {
+        self.conn
+            .exec_drop("INSERT INTO lease (id, ttl) VALUES (?, ?)", (id, ttl))
+            .map_err(|e| backend_err(e, "insert lease"))
+    }
+
+    fn remove_lease(&mut self, id: LeaseId) -> Result<()> {
+        self.conn.exec_drop("DELETE FROM lease WHERE id = ?", (id,)).map_err(|e| backend_err(e, "delete lease"))
+    }
+
+    fn append(&mut self, rev: Revision, index: usize, event: &Event) -> Result<()> {
+        let kv = &event.kv;
+        if kv.key.len() > MAX_KEY_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "etcdserver: key is {} bytes; the MySQL datastore stores keys of at most {MAX_KEY_LEN} bytes",
+                kv.key.len()
+            )));
+        }
+        let deleted = event.kind == EventKind::Delete;
+        self.conn
+            .exec_drop(
+                "INSERT INTO kv (mod_revision, sub, `key`, create_revision, version, lease, deleted, value)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    rev,
+                    index as i64,
+                    Value::Bytes(kv.key.clone()),
+                    kv.create_revision,
+                    kv.version,
+                    kv.lease,
+                    deleted,
+                    Value::Bytes(kv.value.clone()),
+                ),
+            )
+            .map_err(|e| backend_err(e, "insert key version"))
+    }
+}
+
+/// Committed events in `range` with `after < revision <= until`, each with its previous version.
+pub fn events(
+    conn: &mut impl Queryable,
+    range: &KeyRange,
+    after: Revision,
+    until: Revision,
+) -> anyhow::Result<Vec<RevisionEvents>> {
+    let mut args = vec![Value::Int(after), Value::Int(until)];
+    let cond = key_condition(&mut args, range, "e.key");
+    let sql = format!(
+        "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted,
+                p.key, p.create_revision, p.mod_revision, p.version, p.lease, p.value, p.deleted
+         FROM kv e
+         LEFT JOIN kv p ON p.key = e.key AND p.mod_revision < e.mod_revision
+              AND NOT EXISTS (SELECT 1 FROM kv q WHERE q.key = e.key AND q.mod_revision < e.mod_revision
+                              AND (q.mod_revision > p.mod_revision
+                                   OR (q.mod_revision = p.mod_revision AND q.sub > p.sub)))
+         WHERE e.mod_revision > ? AND e.mod_revision <= ? AND {cond}
+         ORDER BY e.mod_revision, e.sub"
+    );
+    let rows: Vec<Row> = conn.exec(sql, args).context("run events query")?;
+    let mut out: Vec<RevisionEvents> = Vec::new();
+    for row in &rows {
+        let kv = kv_from_row(row, 0)?;
+        let deleted: bool = column(row, 6)?;
+        let prev_deleted: Option<bool> = column(row, 13)?;
+        // As etcd: the key's version at the revision before the event, none for a creation.
+        let create = !deleted && kv.create_revision == kv.mod_revision;
+        let prev_kv = match prev_deleted {
+            Some(false) if !create => Some(kv_from_row(row, 7)?),
+            _ => None,
+        };
+        let (kind, kv) = if deleted {
+            (EventKind::Delete, KeyValue { key: kv.key, mod_revision: kv.mod_revision, ..Default::default() })
+        } else {
+            (EventKind::Put, kv)
+        };
+        let rev = kv.mod_revision;
+        let event = Event { kind, kv, prev_kv };
+        match out.last_mut() {
+            Some(last) if last.revision == rev => last.events.push(event),
+            _ => out.push(RevisionEvents { revision: rev, events: vec![event] }),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,255 @@
+//! The MySQL writer thread of this node, with group commit: every queued request (up to
+//! `MAX_BATCH`) in one transaction, each in its own savepoint. The transaction first locks the
+//! revision counter (`SELECT … FOR UPDATE` on `meta.revision`), so the writers of all nodes on
+//! one database take turns: revisions are gap-free and committed in order. The connection runs
+//! at READ COMMITTED, so each statement sees every commit made before the lock was granted.
+//! After the commit the feed is woken (it publishes the events), then the replies go out.
+
+use super::feed::Nudge;
+use super::view::MyView;
+use super::{Connector, Role, connection_lost, schema, unavailable};
+use crate::remote::Shared;
+use crate::writer::{Job, Reply};
+use anyhow::Context;
+use kine_core::request::Revisioned;
+use kine_core::txn::{self, WriteOp, WriteResponse};
+use kine_core::{Error, Result, Revision};
+use mysql::prelude::Queryable;
+use std::sync::{Arc, mpsc};
+
+const MAX_BATCH: usize = 256;
+/// Superseded versions deleted per statement by a compaction.
+const DELETE_CHUNK: usize = 500;
+
+pub fn spawn(connector: Connector, shared: Arc<Shared>, nudge: Nudge) -> std::io::Result<mpsc::Sender<Job>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new().name("mysql-writer".into()).spawn(move || run(connector, shared, nudge, rx))?;
+    Ok(tx)
+}
+
+fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiver<Job>) {
+    let mut conn: Option<mysql::Conn> = None;
+    let mut held: Option<Job> = None;
+    loop {
+        let job = match held.take() {
+            Some(job) => job,
+            None => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+        };
+        if let Job::Close(done) = job {
+            let _ = done.send(());
+            return;
+        }
+        // A lost connection is replaced at the next job; meanwhile requests fail fast.
+        if conn.is_none() {
+            conn = match connector.connect(Role::Writer) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    let err = || unavailable(&e);
+                    fail(job, err());
+                    while let Ok(job) = rx.try_recv() {
+                        fail(job, err());
+                    }
+                    continue;
+                }
+            };
+        }
+        let c = conn.as_mut().expect("connected");
+        let lost = match job {
+            Job::Write(op, reply) => {
+                let mut batch = vec![(op, reply)];
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(Job::Write(op, reply)) => batch.push((op, reply)),
+                        Ok(other) => {
+                            held = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                write_batch(c, &shared, &nudge, batch)
+            }
+            Job::Compact(rev, reply) => {
+                let result = compact(c, rev);
+                let lost = matches!(&result, Err(Error::Unavailable(_)));
+                let _ = reply.send(result);
+                lost
+            }
+            Job::Defragment(reply) => {
+                let result = c.query_drop("OPTIMIZE TABLE kv, lease").context("OPTIMIZE TABLE");
+                let lost = result.as_ref().is_err_and(connection_lost);
+                let _ = reply.send(result.map_err(|e| if lost { unavailable(&e) } else { Error::Backend(e) }));
+                lost
+            }
+            Job::Close(_) => unreachable!("handled above"),
+        };
+        if lost {
+            conn = None;
+        }
+    }
+}
+
+fn fail(job: Job, e: Error) {
+    match job {
+        Job::Write(_, reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Job::Compact(_, reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Job::Defragment(reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Job::Close(done) => {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Runs one batch. Returns whether the connection was lost.
+fn write_batch(
+    c: &mut mysql::Conn,
+    shared: &Shared,
+    nudge: &Nudge,
+    batch: Vec<(WriteOp, Reply<Revisioned<WriteResponse>>)>,
+) -> bool {
+    let mut results = Vec::with_capacity(batch.len());
+    let outcome = (|| -> anyhow::Result<Revision> {
+        c.query_drop("START TRANSACTION").context("begin write transaction")?;
+        let base: i64 = c
+            .query_first("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE")
+            .context("lock the revision counter")?
+            .context("meta row revision is missing")?;
+        let compacted = schema::get(c, "compact_revision")?.context("meta row compact_revision is missing")?;
+        let mut view = MyView { conn: &mut *c, revision: base, compacted };
+        let mut lease_changes = false;
+        for (op, _) in &batch {
+            if let WriteOp::LeaseRevoke { id, expired: true } = op
+                && renewed_elsewhere(view.conn, shared, *id)?
+            {
+                // Another node renewed it since this node last heard: not ours to revoke.
+                results.push(Err(Error::LeaseNotFound));
+                continue;
+            }
+            view.conn.query_drop("SAVEPOINT op").context("open savepoint")?;
+            match txn::apply(&mut view, op) {
+                Ok(applied) => {
+                    view.conn.query_drop("RELEASE SAVEPOINT op").context("release savepoint")?;
+                    lease_changes |= !matches!(op, WriteOp::Txn(_));
+                    if let Some(ev) = applied.events {
+                        view.revision = ev.revision;
+                    }
+                    results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
+                }
+                Err(e) => {
+                    if let Error::Backend(inner) = &e
+                        && connection_lost(inner)
+                    {
+                        return Err(anyhow::anyhow!("{inner:#}"));
+                    }
+                    view.conn.query_drop("ROLLBACK TO SAVEPOINT op").context("roll back savepoint")?;
+                    view.conn.query_drop("RELEASE SAVEPOINT op").context("release savepoint")?;
+                    results.push(Err(e));
+                }
+            }
+        }
+        let revision = view.revision;
+        if revision != base {
+            c.exec_drop("UPDATE meta SET value = ? WHERE name = 'revision'", (revision,))
+                .context("advance the revision")?;
+        }
+        if lease_changes {
+            bump_lease_epoch(c)?;
+        }
+        c.query_drop("COMMIT").context("commit write transaction")?;
+        Ok(revision)
+    })();
+    match outcome {
+        Ok(_) => {
+            // This node's feed publishes the events (of every node, in revision order).
+            nudge.wake();
+            for ((_, reply), result) in batch.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
+            false
+        }
+        Err(e) => {
+            let lost = connection_lost(&e);
+            if !lost {
+                let _ = c.query_drop("ROLLBACK");
+                tracing::error!(error = format!("{e:#}"), "MySQL write batch failed; nothing was written");
+            }
+            let text = format!("{e:#}");
+            for (_, reply) in batch {
+                let _ = reply.send(Err(if lost {
+                    Error::Unavailable(format!("MySQL: {text}"))
+                } else {
+                    Error::Backend(anyhow::anyhow!("{text}"))
+                }));
+            }
+            lost
+        }
+    }
+}
+
+/// Counts a lease change, for every node's feed to notice.
+pub fn bump_lease_epoch(c: &mut impl Queryable) -> anyhow::Result<()> {
+    c.query_drop("UPDATE meta SET value = value + 1 WHERE name = 'lease_epoch'").context("count a lease change")
+}
+
+/// Whether the lease's renewal count differs from the one this node last heard of.
+fn renewed_elsewhere(c: &mut impl Queryable, shared: &Shared, id: i64) -> anyhow::Result<bool> {
+    let renewals: Option<i64> =
+        c.exec_first("SELECT renewals FROM lease WHERE id = ? FOR UPDATE", (id,)).context("read lease renewals")?;
+    let Some(renewals) = renewals else { return Ok(false) };
+    Ok(shared.seen().get(&id).is_some_and(|seen| *seen != renewals))
+}
+
+/// Compacts under a lock on the compact revision, so two nodes never compact at once; the
+/// checks use the database's revisions, not this node's. MySQL cannot delete from a table that
+/// a subquery of the same statement reads, so the superseded versions are listed first and
+/// deleted by primary key, in chunks, in the same transaction.
+fn compact(c: &mut mysql::Conn, rev: Revision) -> Result<Revision> {
+    let map = |e: anyhow::Error| if connection_lost(&e) { unavailable(&e) } else { Error::Backend(e) };
+    c.query_drop("START TRANSACTION").context("begin compaction").map_err(map)?;
+    let result = (|| -> Result<Revision> {
+        let previous: i64 = c
+            .query_first("SELECT value FROM meta WHERE name = 'compact_revision' FOR UPDATE")
+            .context("lock the compact revision")
+            .map_err(map)?
+            .ok_or_else(|| Error::Backend(anyhow::anyhow!("meta row compact_revision is missing")))?;
+        let current = schema::get(c, "revision").map_err(map)?.unwrap_or(1);
+        txn::check_compact(rev, current, previous)?;
+        // Only keys changed since the previous compaction can have newly superseded versions
+        // (a deletion at the previous compact revision itself was kept, as etcd keeps it).
+        let doomed: Vec<(i64, i64)> = c
+            .exec(
+                "SELECT k.mod_revision, k.sub FROM kv k
+                 WHERE k.mod_revision <= ?
+                   AND k.key IN (SELECT c.key FROM kv c WHERE c.mod_revision >= ? AND c.mod_revision <= ?)
+                   AND ((k.deleted AND k.mod_revision < ?)
+                        OR EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= ?
+                                   AND (n.mod_revision > k.mod_revision
+                                        OR (n.mod_revision = k.mod_revision AND n.sub > k.sub))))",
+                (rev, previous, rev, rev, rev),
+            )
+            .map_err(|e| map(anyhow::Error::new(e).context("find superseded versions")))?;
+        for chunk in doomed.chunks(DELETE_CHUNK) {
+            let cond = vec!["(mod_revision = ? AND sub = ?)"; chunk.len()].join(" OR ");
+            let args: Vec<mysql::Value> =
+                chunk.iter().flat_map(|(r, s)| [mysql::Value::Int(*r), mysql::Value::Int(*s)]).collect();
+            c.exec_drop(format!("DELETE FROM kv WHERE {cond}"), args)
+                .map_err(|e| map(anyhow::Error::new(e).context("delete superseded versions")))?;
+        }
+        schema::set(c, "compact_revision", rev).map_err(map)?;
+        c.query_drop("COMMIT").context("commit compaction").map_err(map)?;
+        Ok(current)
+    })();
+    if result.is_err() {
+        let _ = c.query_drop("ROLLBACK");
+    }
+    result
+}

@@ -1,0 +1,63 @@
+//! What the network databases (PostgreSQL, MySQL) share: the read pool's limits and the state
+//! a node's writer, feed and async side share.
+
+use kine_core::backend::LeaseUpdate;
+use kine_core::{LeaseId, Revision, RevisionEvents};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, watch};
+
+/// The read pool's limits (kine's `--datastore-*` flags). The writer and the feed hold one
+/// connection each besides.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolOptions {
+    /// Idle connections kept.
+    pub max_idle: usize,
+    /// Connections open at once; `None` = no limit.
+    pub max_open: Option<usize>,
+    /// Connections are closed after this age; `None` = never.
+    pub max_lifetime: Option<Duration>,
+    /// Idle connections are closed after this long; `None` = never.
+    pub max_idle_time: Option<Duration>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions { max_idle: 20, max_open: None, max_lifetime: None, max_idle_time: Some(Duration::from_secs(120)) }
+    }
+}
+
+/// State shared by a node's writer, its feed and the async side.
+pub struct Shared {
+    /// The last revision this node's feed published.
+    pub current: AtomicI64,
+    pub compacted: AtomicI64,
+    pub feed: broadcast::Sender<Arc<RevisionEvents>>,
+    /// The database revision the feed has caught up with (for `revisions()` to wait on).
+    pub published: watch::Sender<Revision>,
+    pub closed: AtomicBool,
+    /// Lease changes of every node, for this node's lessor.
+    pub lease_updates: broadcast::Sender<LeaseUpdate>,
+    /// Each lease's renewal count as this node last heard of it.
+    pub lease_seen: Mutex<HashMap<LeaseId, i64>>,
+}
+
+impl Shared {
+    pub fn new(revision: Revision, compacted: Revision) -> Shared {
+        Shared {
+            current: AtomicI64::new(revision),
+            compacted: AtomicI64::new(compacted),
+            feed: broadcast::channel(kine_core::backend::FEED_CAPACITY).0,
+            published: watch::channel(revision).0,
+            closed: AtomicBool::new(false),
+            lease_updates: broadcast::channel(1024).0,
+            lease_seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, i64>> {
+        self.lease_seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
