@@ -45,6 +45,7 @@ pub fn restore_sqlite(path: &Path, snap: &Snapshot) -> Result<()> {
             lease.execute(params![id, ttl]).context("insert lease")?;
         }
     }
+    tx.execute_batch(schema::FILL_LIVE).context("index the newest versions")?;
     schema::set(&tx, "revision", snap.revision)?;
     schema::set(&tx, "compact_revision", snap.revision)?;
     tx.commit().context("commit restore")?;

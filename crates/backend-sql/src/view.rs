@@ -49,25 +49,45 @@ fn backend_err(e: impl Into<anyhow::Error>, what: &'static str) -> kine_core::Er
     kine_core::Error::Backend(e.into().context(what))
 }
 
+impl SqlView<'_> {
+    /// Whether a read at `rev` sees the newest state, which `live` indexes (inside a write
+    /// transaction that includes what it appended so far).
+    fn newest(&self, rev: Revision) -> bool {
+        rev >= self.revision
+    }
+}
+
 impl ReadView for SqlView<'_> {
     fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
         let value = if keys_only { "x''" } else { "k.value" };
-        let (cond, mut args) = key_condition(range, "k.key");
-        args.push(Value::Integer(rev));
         let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
-        let sql = if range.end == RangeEnd::Single {
-            format!(
-                "SELECT k.key, k.create_revision, k.mod_revision, k.version, k.lease, {value}, k.deleted FROM kv k
+        let columns = format!("k.key, k.create_revision, k.mod_revision, k.version, k.lease, {value}, k.deleted");
+        let (sql, args) = if range.end == RangeEnd::Single {
+            let (cond, mut args) = key_condition(range, "k.key");
+            args.push(Value::Integer(rev));
+            let sql = format!(
+                "SELECT {columns} FROM kv k
                  WHERE {cond} AND k.mod_revision <= ? ORDER BY k.mod_revision DESC, k.sub DESC LIMIT 1"
-            )
+            );
+            (sql, args)
+        } else if self.newest(rev) {
+            let (cond, args) = key_condition(range, "c.key");
+            let sql = format!(
+                "SELECT {columns} FROM live c JOIN kv k ON k.mod_revision = c.mod_revision AND k.sub = c.sub
+                 WHERE {cond} ORDER BY c.key {limit_sql}"
+            );
+            (sql, args)
         } else {
-            format!(
-                "SELECT k.key, k.create_revision, k.mod_revision, k.version, k.lease, {value}, k.deleted FROM kv k
+            let (cond, mut args) = key_condition(range, "k.key");
+            args.push(Value::Integer(rev));
+            let sql = format!(
+                "SELECT {columns} FROM kv k
                  WHERE {cond} AND k.mod_revision <= ?{rev} AND k.deleted = 0 AND {latest}
                  ORDER BY k.key {limit_sql}",
                 rev = args.len(),
                 latest = latest(args.len()),
-            )
+            );
+            (sql, args)
         };
         let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| backend_err(e, "prepare range query"))?;
         let rows = stmt
@@ -84,13 +104,19 @@ impl ReadView for SqlView<'_> {
     }
 
     fn count(&mut self, range: &KeyRange, rev: Revision) -> Result<i64> {
-        let (cond, mut args) = key_condition(range, "k.key");
-        args.push(Value::Integer(rev));
-        let sql = format!(
-            "SELECT COUNT(*) FROM kv k WHERE {cond} AND k.mod_revision <= ?{rev} AND k.deleted = 0 AND {latest}",
-            rev = args.len(),
-            latest = latest(args.len()),
-        );
+        let (sql, args) = if self.newest(rev) {
+            let (cond, args) = key_condition(range, "c.key");
+            (format!("SELECT COUNT(*) FROM live c WHERE {cond}"), args)
+        } else {
+            let (cond, mut args) = key_condition(range, "k.key");
+            args.push(Value::Integer(rev));
+            let sql = format!(
+                "SELECT COUNT(*) FROM kv k WHERE {cond} AND k.mod_revision <= ?{rev} AND k.deleted = 0 AND {latest}",
+                rev = args.len(),
+                latest = latest(args.len()),
+            );
+            (sql, args)
+        };
         let mut stmt = self.conn.prepare_cached(&sql).map_err(|e| backend_err(e, "prepare count query"))?;
         stmt.query_row(params_from_iter(args), |r| r.get(0)).map_err(|e| backend_err(e, "run count query"))
     }
@@ -106,17 +132,25 @@ impl WriteView for SqlView<'_> {
     }
 
     fn keys_with_lease(&mut self, lease: LeaseId, rev: Revision) -> Result<Vec<Vec<u8>>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
+        let (sql, args) = if self.newest(rev) {
+            (
+                "SELECT k.key FROM kv k JOIN live c ON c.key = k.key AND c.mod_revision = k.mod_revision
+                   AND c.sub = k.sub
+                 WHERE k.lease = ?1 ORDER BY k.key",
+                vec![lease],
+            )
+        } else {
+            (
                 "SELECT k.key FROM kv k WHERE k.lease = ?1 AND k.mod_revision <= ?2 AND k.deleted = 0 AND
                    NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= ?2
                                AND (n.mod_revision, n.sub) > (k.mod_revision, k.sub))
                  ORDER BY k.key",
+                vec![lease, rev],
             )
-            .map_err(|e| backend_err(e, "prepare lease keys query"))?;
+        };
+        let mut stmt = self.conn.prepare_cached(sql).map_err(|e| backend_err(e, "prepare lease keys query"))?;
         let rows =
-            stmt.query_map(params![lease, rev], |r| r.get(0)).map_err(|e| backend_err(e, "run lease keys query"))?;
+            stmt.query_map(params_from_iter(args), |r| r.get(0)).map_err(|e| backend_err(e, "run lease keys query"))?;
         rows.collect::<rusqlite::Result<Vec<Vec<u8>>>>().map_err(|e| backend_err(e, "read lease keys"))
     }
 
@@ -165,6 +199,17 @@ impl WriteView for SqlView<'_> {
                 ])
             })
             .map_err(|e| backend_err(e, "insert key version"))?;
+        let indexed = if deleted {
+            self.conn.prepare_cached("DELETE FROM live WHERE key = ?1").and_then(|mut s| s.execute([&kv.key]))
+        } else {
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO live (key, mod_revision, sub) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (key) DO UPDATE SET mod_revision = excluded.mod_revision, sub = excluded.sub",
+                )
+                .and_then(|mut s| s.execute(params![kv.key, rev, index as i64]))
+        };
+        indexed.map_err(|e| backend_err(e, "index the newest version"))?;
         Ok(())
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod certs;
 pub mod contract;
+pub mod migration;
 pub mod model;
 pub mod mysql;
 pub mod nats;

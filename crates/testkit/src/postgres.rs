@@ -173,6 +173,19 @@ impl PgServer {
     }
 
     /// The URL of database `db` (created by kine-rs when missing).
+    /// Runs `sql` in database `db` with `psql` as the test user (over TCP); panics if it fails.
+    pub fn sql(&self, db: &str, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER, "-d", db, "-v", "ON_ERROR_STOP=1"])
+            .args(["-At", "-c", sql])
+            .env("PGPASSWORD", PASSWORD)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run psql");
+        assert!(out.status.success(), "psql -c {sql:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn url(&self, db: &str) -> String {
         format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{}/{db}?sslmode=disable", self.port)
     }

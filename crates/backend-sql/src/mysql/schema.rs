@@ -1,5 +1,5 @@
 //! The MySQL/MariaDB schema: the same log as SQLite's and PostgreSQL's (`kv`, one row per
-//! change; `meta`; `lease`), InnoDB. `meta.revision` is the revision counter every node's
+//! change; `live`, the index of each live key's newest version; `meta`; `lease`), InnoDB. `meta.revision` is the revision counter every node's
 //! writer locks (`FOR UPDATE`) for the length of its transaction; `meta.lease_epoch` counts
 //! lease changes (grants, revocations, keep-alives), so each node's feed notices them with one
 //! cheap read (MySQL has no LISTEN/NOTIFY).
@@ -7,7 +7,8 @@
 use anyhow::{Context, Result};
 use mysql::prelude::Queryable;
 
-pub const SCHEMA_VERSION: i64 = 1;
+/// 2: the `live` table (version 1 databases get it at start-up).
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The longest key this schema stores: InnoDB limits an index entry to 3072 bytes, and the
 /// unique index `(key, mod_revision, sub)` spends 12 of them on the revision.
@@ -27,6 +28,11 @@ const DDL: &[&str] = &[
         UNIQUE KEY kv_key_revision (`key`, mod_revision, sub),
         KEY kv_lease (lease)
     ) ENGINE=InnoDB ROW_FORMAT=DYNAMIC",
+    "CREATE TABLE IF NOT EXISTS live (
+        `key`        VARBINARY(3000) NOT NULL PRIMARY KEY,
+        mod_revision BIGINT          NOT NULL,
+        sub          INT             NOT NULL
+    ) ENGINE=InnoDB ROW_FORMAT=DYNAMIC",
     "CREATE TABLE IF NOT EXISTS meta (
         name  VARCHAR(64) NOT NULL PRIMARY KEY,
         value BIGINT      NOT NULL
@@ -37,6 +43,14 @@ const DDL: &[&str] = &[
         renewals BIGINT NOT NULL DEFAULT 0
     ) ENGINE=InnoDB",
 ];
+
+/// Fills `live` (each live key's newest version, see the SQLite schema) from the log.
+const FILL_LIVE: &str = "
+INSERT INTO live (`key`, mod_revision, sub)
+SELECT k.key, k.mod_revision, k.sub FROM kv k
+WHERE NOT k.deleted
+  AND NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key
+                  AND (n.mod_revision > k.mod_revision OR (n.mod_revision = k.mod_revision AND n.sub > k.sub)))";
 
 #[derive(Clone, Copy, Debug)]
 pub struct Meta {
@@ -68,6 +82,11 @@ pub fn init(conn: &mut mysql::Conn) -> Result<Meta> {
                 set(conn, "cluster_id", kine_core::id::random_nonzero() as i64)?;
             }
             Some(SCHEMA_VERSION) => {}
+            Some(1) => {
+                conn.query_drop(FILL_LIVE).context("migrate to schema 2: fill the live table")?;
+                set(conn, "schema_version", SCHEMA_VERSION)?;
+                tracing::info!("MySQL schema migrated to version 2 (live-key index)");
+            }
             Some(other) => {
                 anyhow::bail!("database schema version {other} is not supported (this kine-rs knows {SCHEMA_VERSION})")
             }

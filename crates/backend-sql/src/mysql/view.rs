@@ -61,19 +61,36 @@ pub struct MyView<'v, C: Queryable> {
     pub compacted: Revision,
 }
 
+impl<C: Queryable> MyView<'_, C> {
+    /// Whether a read at `rev` sees the newest state, which `live` indexes (inside a write
+    /// transaction that includes what it appended so far).
+    fn newest(&self, rev: Revision) -> bool {
+        rev >= self.revision
+    }
+}
+
 impl<C: Queryable> ReadView for MyView<'_, C> {
     fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
         let value = if keys_only { "''" } else { "k.value" };
+        let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
         let mut args = Vec::new();
-        let cond = key_condition(&mut args, range, "k.key");
-        args.push(Value::Int(rev));
         let sql = if range.end == RangeEnd::Single {
+            let cond = key_condition(&mut args, range, "k.key");
+            args.push(Value::Int(rev));
             format!(
                 "SELECT {KV_COLUMNS}, {value}, k.deleted FROM kv k
                  WHERE {cond} AND k.mod_revision <= ? ORDER BY k.mod_revision DESC, k.sub DESC LIMIT 1"
             )
+        } else if self.newest(rev) {
+            let cond = key_condition(&mut args, range, "c.key");
+            format!(
+                "SELECT {KV_COLUMNS}, {value}, k.deleted FROM live c
+                 JOIN kv k ON k.mod_revision = c.mod_revision AND k.sub = c.sub
+                 WHERE {cond} ORDER BY c.key {limit_sql}"
+            )
         } else {
-            let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
+            let cond = key_condition(&mut args, range, "k.key");
+            args.push(Value::Int(rev));
             let latest = latest(&mut args, rev);
             format!(
                 "SELECT {KV_COLUMNS}, {value}, k.deleted FROM kv k
@@ -93,11 +110,15 @@ impl<C: Queryable> ReadView for MyView<'_, C> {
 
     fn count(&mut self, range: &KeyRange, rev: Revision) -> Result<i64> {
         let mut args = Vec::new();
-        let cond = key_condition(&mut args, range, "k.key");
-        args.push(Value::Int(rev));
-        let latest = latest(&mut args, rev);
-        let sql =
-            format!("SELECT COUNT(*) FROM kv k WHERE {cond} AND k.mod_revision <= ? AND NOT k.deleted AND {latest}");
+        let sql = if self.newest(rev) {
+            let cond = key_condition(&mut args, range, "c.key");
+            format!("SELECT COUNT(*) FROM live c WHERE {cond}")
+        } else {
+            let cond = key_condition(&mut args, range, "k.key");
+            args.push(Value::Int(rev));
+            let latest = latest(&mut args, rev);
+            format!("SELECT COUNT(*) FROM kv k WHERE {cond} AND k.mod_revision <= ? AND NOT k.deleted AND {latest}")
+        };
         let n: Option<i64> = self.conn.exec_first(sql, args).map_err(|e| backend_err(e, "run count query"))?;
         Ok(n.unwrap_or(0))
     }
@@ -113,6 +134,17 @@ impl<C: Queryable> WriteView for MyView<'_, C> {
     }
 
     fn keys_with_lease(&mut self, lease: LeaseId, rev: Revision) -> Result<Vec<Vec<u8>>> {
+        if self.newest(rev) {
+            return self
+                .conn
+                .exec(
+                    "SELECT k.key FROM kv k JOIN live c ON c.key = k.key AND c.mod_revision = k.mod_revision
+                       AND c.sub = k.sub
+                     WHERE k.lease = ? ORDER BY k.key",
+                    (lease,),
+                )
+                .map_err(|e| backend_err(e, "run lease keys query"));
+        }
         self.conn
             .exec(
                 "SELECT k.key FROM kv k WHERE k.lease = ? AND k.mod_revision <= ? AND NOT k.deleted AND
@@ -163,7 +195,17 @@ impl<C: Queryable> WriteView for MyView<'_, C> {
                     Value::Bytes(kv.value.clone()),
                 ),
             )
-            .map_err(|e| backend_err(e, "insert key version"))
+            .map_err(|e| backend_err(e, "insert key version"))?;
+        if deleted {
+            self.conn.exec_drop("DELETE FROM live WHERE `key` = ?", (Value::Bytes(kv.key.clone()),))
+        } else {
+            self.conn.exec_drop(
+                "INSERT INTO live (`key`, mod_revision, sub) VALUES (?, ?, ?)
+                 ON DUPLICATE KEY UPDATE mod_revision = VALUES(mod_revision), sub = VALUES(sub)",
+                (Value::Bytes(kv.key.clone()), rev, index as i64),
+            )
+        }
+        .map_err(|e| backend_err(e, "index the newest version"))
     }
 }
 

@@ -1,5 +1,5 @@
 //! The PostgreSQL schema: the same log as SQLite's (`kv`, one row per change; `meta`; `lease`),
-//! in PostgreSQL types. `meta.revision` is the revision counter every node's writer locks
+//! in PostgreSQL types, and `live`, the index of each live key's newest version. `meta.revision` is the revision counter every node's writer locks
 //! (`FOR UPDATE`) for the length of its transaction, so revisions are gap-free and commit in
 //! order whatever the number of nodes. `lease.renewals` counts keep-alives (from any node): an
 //! expired lease is revoked only if nobody renewed it since this node last heard of it. Every statement is sent unnamed (`query_typed`, or the
@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 use postgres::GenericClient;
 use postgres::types::Type;
 
-pub const SCHEMA_VERSION: i64 = 1;
+/// 2: the `live` table (version 1 databases get it at start-up).
+pub const SCHEMA_VERSION: i64 = 2;
 
 const DDL: &str = "
 CREATE TABLE IF NOT EXISTS kv (
@@ -25,8 +26,17 @@ CREATE TABLE IF NOT EXISTS kv (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS kv_key_revision ON kv (key, mod_revision, sub);
 CREATE INDEX IF NOT EXISTS kv_lease ON kv (lease) WHERE lease <> 0;
+CREATE TABLE IF NOT EXISTS live (key BYTEA PRIMARY KEY, mod_revision BIGINT NOT NULL, sub INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS lease (id BIGINT PRIMARY KEY, ttl BIGINT NOT NULL, renewals BIGINT NOT NULL DEFAULT 0);
+";
+
+/// Fills `live` (each live key's newest version, see the SQLite schema) from the log.
+const FILL_LIVE: &str = "
+INSERT INTO live (key, mod_revision, sub)
+SELECT k.key, k.mod_revision, k.sub FROM kv k
+WHERE NOT k.deleted
+  AND NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND (n.mod_revision, n.sub) > (k.mod_revision, k.sub));
 ";
 
 #[derive(Clone, Copy, Debug)]
@@ -51,6 +61,11 @@ pub fn init(client: &mut postgres::Client) -> Result<Meta> {
             set(&mut tx, "cluster_id", kine_core::id::random_nonzero() as i64)?;
         }
         Some(SCHEMA_VERSION) => {}
+        Some(1) => {
+            tx.batch_execute(FILL_LIVE).context("migrate to schema 2: fill the live table")?;
+            set(&mut tx, "schema_version", SCHEMA_VERSION)?;
+            tracing::info!("PostgreSQL schema migrated to version 2 (live-key index)");
+        }
         Some(other) => {
             anyhow::bail!("database schema version {other} is not supported (this kine-rs knows {SCHEMA_VERSION})")
         }

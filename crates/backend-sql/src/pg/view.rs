@@ -70,19 +70,36 @@ pub struct PgView<'v, C: GenericClient> {
     pub compacted: Revision,
 }
 
+impl<C: GenericClient> PgView<'_, C> {
+    /// Whether a read at `rev` sees the newest state, which `live` indexes (inside a write
+    /// transaction that includes what it appended so far).
+    fn newest(&self, rev: Revision) -> bool {
+        rev >= self.revision
+    }
+}
+
 impl<C: GenericClient> ReadView for PgView<'_, C> {
     fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
         let value = if keys_only { "''::bytea" } else { "k.value" };
+        let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
         let mut args = Args::default();
-        let cond = key_condition(&mut args, range, "k.key");
-        let r = args.int(rev);
         let sql = if range.end == RangeEnd::Single {
+            let cond = key_condition(&mut args, range, "k.key");
+            let r = args.int(rev);
             format!(
                 "SELECT {KV_COLUMNS}, {value}, k.deleted FROM kv k
                  WHERE {cond} AND k.mod_revision <= {r} ORDER BY k.mod_revision DESC, k.sub DESC LIMIT 1"
             )
+        } else if self.newest(rev) {
+            let cond = key_condition(&mut args, range, "c.key");
+            format!(
+                "SELECT {KV_COLUMNS}, {value}, k.deleted FROM live c
+                 JOIN kv k ON k.mod_revision = c.mod_revision AND k.sub = c.sub
+                 WHERE {cond} ORDER BY c.key {limit_sql}"
+            )
         } else {
-            let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
+            let cond = key_condition(&mut args, range, "k.key");
+            let r = args.int(rev);
             format!(
                 "SELECT {KV_COLUMNS}, {value}, k.deleted FROM kv k
                  WHERE {cond} AND k.mod_revision <= {r} AND NOT k.deleted AND {latest}
@@ -96,12 +113,17 @@ impl<C: GenericClient> ReadView for PgView<'_, C> {
 
     fn count(&mut self, range: &KeyRange, rev: Revision) -> Result<i64> {
         let mut args = Args::default();
-        let cond = key_condition(&mut args, range, "k.key");
-        let r = args.int(rev);
-        let sql = format!(
-            "SELECT COUNT(*) FROM kv k WHERE {cond} AND k.mod_revision <= {r} AND NOT k.deleted AND {latest}",
-            latest = latest(&r),
-        );
+        let sql = if self.newest(rev) {
+            let cond = key_condition(&mut args, range, "c.key");
+            format!("SELECT COUNT(*) FROM live c WHERE {cond}")
+        } else {
+            let cond = key_condition(&mut args, range, "k.key");
+            let r = args.int(rev);
+            format!(
+                "SELECT COUNT(*) FROM kv k WHERE {cond} AND k.mod_revision <= {r} AND NOT k.deleted AND {latest}",
+                latest = latest(&r),
+            )
+        };
         let row = self.client.query_typed_one(&sql, &args.list()).map_err(|e| backend_err(e, "run count query"))?;
         Ok(row.get(0))
     }
@@ -117,16 +139,23 @@ impl<C: GenericClient> WriteView for PgView<'_, C> {
     }
 
     fn keys_with_lease(&mut self, lease: LeaseId, rev: Revision) -> Result<Vec<Vec<u8>>> {
-        let rows = self
-            .client
-            .query_typed(
+        let rows = if self.newest(rev) {
+            self.client.query_typed(
+                "SELECT k.key FROM kv k JOIN live c ON c.key = k.key AND c.mod_revision = k.mod_revision
+                   AND c.sub = k.sub
+                 WHERE k.lease = $1 ORDER BY k.key",
+                &[(&lease, Type::INT8)],
+            )
+        } else {
+            self.client.query_typed(
                 "SELECT k.key FROM kv k WHERE k.lease = $1 AND k.mod_revision <= $2 AND NOT k.deleted AND
                    NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= $2
                                AND (n.mod_revision, n.sub) > (k.mod_revision, k.sub))
                  ORDER BY k.key",
                 &[(&lease, Type::INT8), (&rev, Type::INT8)],
             )
-            .map_err(|e| backend_err(e, "run lease keys query"))?;
+        }
+        .map_err(|e| backend_err(e, "run lease keys query"))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
@@ -172,6 +201,16 @@ impl<C: GenericClient> WriteView for PgView<'_, C> {
                 ],
             )
             .map_err(|e| backend_err(e, "insert key version"))?;
+        if deleted {
+            self.client.execute_typed("DELETE FROM live WHERE key = $1", &[(&kv.key, Type::BYTEA)])
+        } else {
+            self.client.execute_typed(
+                "INSERT INTO live (key, mod_revision, sub) VALUES ($1, $2, $3)
+                 ON CONFLICT (key) DO UPDATE SET mod_revision = excluded.mod_revision, sub = excluded.sub",
+                &[(&kv.key, Type::BYTEA), (&rev, Type::INT8), (&sub, Type::INT4)],
+            )
+        }
+        .map_err(|e| backend_err(e, "index the newest version"))?;
         Ok(())
     }
 }
