@@ -22,7 +22,7 @@ trap cleanup EXIT
 nats-server -a 127.0.0.1 -p 24222 -js -sd "$dir/js" >"$dir/nats.log" 2>&1 &
 pids+=($!)
 sleep 1
-target/release/kine-rs --listen-address 127.0.0.1:23791 \
+target/release/kine-rs --listen-address 127.0.0.1:23791 --metrics-bind-address 0 \
   --endpoint 'nats://127.0.0.1:24222?noEmbed&bucket=kiners' >"$dir/kine-rs.log" 2>&1 &
 kine_rs=$!
 pids+=($kine_rs)

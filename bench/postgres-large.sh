@@ -20,7 +20,7 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; pg_throwaway_stop; }
 trap cleanup EXIT
 pg_throwaway_start
-target/release/kine-rs --listen-address 127.0.0.1:23793 \
+target/release/kine-rs --listen-address 127.0.0.1:23793 --metrics-bind-address 0 \
   --endpoint "$PG_THROWAWAY_URL/kiners?sslmode=disable" >"$logs/kine-rs.log" 2>&1 &
 pids+=($!)
 systems=("kine-rs 23793 $!")

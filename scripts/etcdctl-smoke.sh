@@ -164,7 +164,7 @@ wait_lines() {
 
 start_server() { # datastore-endpoint run-dir
     local log="$2/kine-rs.log" url="" deadline
-    "$KINE_RS_BIN" --listen-address 127.0.0.1:0 --endpoint "$1" >"$log" 2>&1 &
+    "$KINE_RS_BIN" --listen-address 127.0.0.1:0 --metrics-bind-address 0 --endpoint "$1" >"$log" 2>&1 &
     SERVER_PID=$!
     deadline=$((SECONDS + 20))
     while :; do

@@ -134,6 +134,8 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 	args := []string{
 		"--endpoint", endpoint,
 		"--listen-address", listen.Host,
+		// Tests run servers side by side: none takes kine's default metrics port.
+		"--metrics-bind-address", "0",
 		"--watch-progress-notify-interval", formatDuration(progressNotifyInterval(cfg)),
 	}
 	if useTLS {

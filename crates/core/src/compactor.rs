@@ -34,11 +34,20 @@ pub async fn run(backend: Arc<dyn Backend>, options: CompactOptions, mut shutdow
             _ = shutdown.wait() => return,
             _ = ticker.tick() => {}
         }
-        match compact_once(&*backend, &options).await {
-            Ok(Some(rev)) => tracing::debug!(revision = rev, "automatic compaction done"),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "automatic compaction failed"),
-        }
+        // kine's kine_compact_total: one per run; "error" unless it succeeded or found the
+        // revision compacted already (by another node).
+        let result = match compact_once(&*backend, &options).await {
+            Ok(Some(rev)) => {
+                tracing::debug!(revision = rev, "automatic compaction done");
+                "success"
+            }
+            Ok(None) | Err(crate::error::Error::Compacted { .. }) => "success",
+            Err(e) => {
+                tracing::warn!(error = %e, "automatic compaction failed");
+                "error"
+            }
+        };
+        crate::metrics::metrics().compact_total.with_label_values(&[result]).inc();
     }
 }
 
@@ -60,5 +69,6 @@ pub async fn compact_once(backend: &dyn Backend, options: &CompactOptions) -> cr
             break;
         }
     }
+    crate::metrics::metrics().compaction_ms.observe(started.elapsed().as_secs_f64() * 1000.0);
     Ok(Some(done))
 }

@@ -81,6 +81,7 @@ impl Lessor {
             id
         };
         self.backend.write(WriteOp::LeaseGrant { id, ttl }).await?;
+        crate::metrics::metrics().leases_granted.inc();
         self.state().insert(id, LeaseState { ttl, deadline: Instant::now() + secs(ttl) });
         self.changed.notify_one();
         Ok((id, ttl))
@@ -92,6 +93,9 @@ impl Lessor {
             return Err(Error::LeaseNotFound);
         }
         let result = self.backend.write(WriteOp::LeaseRevoke { id, expired: false }).await;
+        if result.is_ok() {
+            crate::metrics::metrics().leases_revoked.inc();
+        }
         if matches!(result, Ok(_) | Err(Error::LeaseNotFound)) {
             self.state().remove(&id);
         }
@@ -113,6 +117,7 @@ impl Lessor {
         };
         // Other nodes sharing the datastore extend it too.
         self.backend.lease_renew(id, ttl).await?;
+        crate::metrics::metrics().leases_renewed.inc();
         Ok(ttl)
     }
 
@@ -192,6 +197,8 @@ impl Lessor {
                 match self.backend.write(WriteOp::LeaseRevoke { id, expired: true }).await {
                     Ok(r) => {
                         tracing::debug!(lease = id, revision = r.revision, "lease expired and revoked");
+                        crate::metrics::metrics().leases_expired.inc();
+                        crate::metrics::metrics().leases_revoked.inc();
                         self.state().remove(&id);
                     }
                     Err(Error::LeaseNotFound) => {

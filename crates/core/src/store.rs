@@ -118,7 +118,12 @@ impl Store {
     /// Compacts to `revision`. Returns the current revision.
     pub async fn compact(&self, revision: Revision) -> Result<Revision> {
         self.alarms.check(Access::Write)?;
-        self.backend.compact(revision).await
+        let started = std::time::Instant::now();
+        let result = self.backend.compact(revision).await;
+        if result.is_ok() {
+            crate::metrics::metrics().compaction_ms.observe(started.elapsed().as_secs_f64() * 1000.0);
+        }
+        result
     }
 
     pub async fn lease_grant(&self, id: LeaseId, ttl: i64) -> Result<(LeaseId, i64, Revision)> {

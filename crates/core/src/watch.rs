@@ -130,6 +130,7 @@ pub async fn run_session(
             return;
         }
     };
+    crate::metrics::metrics().watch_streams.inc();
     let mut session = Session {
         backend,
         feed,
@@ -185,8 +186,30 @@ struct Session {
     out: mpsc::Sender<WatchResponse>,
 }
 
+/// Open streams and watchers leave the gauges with the session.
+impl Drop for Session {
+    fn drop(&mut self) {
+        let m = crate::metrics::metrics();
+        m.watch_streams.dec();
+        m.watchers.sub(self.watches.len() as i64);
+    }
+}
+
 impl Session {
+    fn remove_watch(&mut self, id: i64) -> Option<Watch> {
+        let removed = self.watches.remove(&id);
+        if removed.is_some() {
+            crate::metrics::metrics().watchers.dec();
+        }
+        removed
+    }
+
     async fn send(&mut self, mut resp: WatchResponse) -> Result<(), Gone> {
+        match &resp {
+            WatchResponse::Events { events, .. } => crate::metrics::metrics().events_sent.inc_by(events.len() as u64),
+            WatchResponse::Progress { .. } => crate::metrics::metrics().progress_sent.inc(),
+            _ => {}
+        }
         // etcd's cancellation for compaction carries no revision (0) and no reason.
         if let WatchResponse::Canceled { compact_revision, .. } = &resp
             && *compact_revision != 0
@@ -223,7 +246,7 @@ impl Session {
         match req {
             WatchRequest::Create(c) => self.create(c).await,
             WatchRequest::Cancel(id) => {
-                if self.watches.remove(&id).is_some() {
+                if self.remove_watch(id).is_some() {
                     let revision = self.pos;
                     self.send(WatchResponse::Canceled {
                         watch_id: id,
@@ -278,6 +301,7 @@ impl Session {
             return self.cancel_compacted(id, revs.compacted).await;
         }
         let next = if c.start_revision == 0 { current + 1 } else { c.start_revision };
+        crate::metrics::metrics().watchers.inc();
         self.watches.insert(
             id,
             Watch {
@@ -297,7 +321,7 @@ impl Session {
 
     /// As etcd: `compact_revision` set, no reason, header revision 0.
     async fn cancel_compacted(&mut self, id: i64, compacted: Revision) -> Result<(), Gone> {
-        self.watches.remove(&id);
+        self.remove_watch(id);
         let canceled =
             WatchResponse::Canceled { watch_id: id, revision: 0, compact_revision: compacted, reason: String::new() };
         self.send(canceled).await
@@ -333,6 +357,7 @@ impl Session {
             }
             Err(broadcast::error::RecvError::Lagged(n)) => {
                 // Missed revisions are re-read from history by the catch-up path.
+                crate::metrics::metrics().slow_watcher_resyncs.inc();
                 tracing::debug!(missed = n, "watch feed lagged; catching up from history");
                 if let Some(rev) = self.current_revision().await {
                     self.pos = self.pos.max(rev);
@@ -393,7 +418,7 @@ impl Session {
             Err(Error::Compacted { compact_revision }) => self.cancel_compacted(id, compact_revision).await,
             Err(e) => {
                 tracing::warn!(watch = id, error = %e, "watch cannot read history; cancelling it");
-                self.watches.remove(&id);
+                self.remove_watch(id);
                 let revision = self.pos;
                 self.send(WatchResponse::Canceled {
                     watch_id: id,

@@ -205,6 +205,22 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
     // embedded NATS server picking a random port can never take it. Connections wait in the
     // backlog until the store is ready (as with etcd).
     let bound = listen::bind(&address, tls.is_some()).await?;
+    // The metrics port likewise (a busy one stops start-up, as kine's does).
+    let metrics_listener = match crate::metrics_http::address(&cli.metrics_bind_address)? {
+        Some(addr) => Some(crate::metrics_http::bind(&addr).await?),
+        None => None,
+    };
+    let metrics_tls = match (&cli.server_cert_file, &cli.server_key_file, &metrics_listener) {
+        (Some(cert), Some(key), Some(_)) if !cli.metrics_ignore_tls_config => {
+            Some(crate::metrics_http::tls(cert, key)?)
+        }
+        _ => None,
+    };
+    if cli.metrics_enable_profiling {
+        tracing::warn!(
+            "--metrics-enable-profiling: kine-rs has no Go profiler endpoints; use perf or valgrind instead"
+        );
+    }
     let remove_socket = |socket: &Option<std::path::PathBuf>| {
         if let Some(path) = socket {
             let _ = std::fs::remove_file(path);
@@ -230,6 +246,8 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             timeout: cli.compact_timeout,
         },
     };
+    let backend: Arc<dyn Backend> =
+        Arc::new(kine_core::metered::Metered::new(backend, cli.slow_sql_threshold, cli.slow_sql_warning_threshold));
     let store = match Store::open(backend.clone(), store_options).await.context("load leases") {
         Ok(store) => store,
         Err(e) => {
@@ -239,13 +257,29 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             return Err(e);
         }
     };
-    let tasks = store.spawn_tasks(&stop);
+    let mut tasks = store.spawn_tasks(&stop);
     let revision = store.current_revision().await?;
+    let m = kine_core::metrics::metrics();
+    m.build_info.with_label_values(&[crate::version::VERSION, crate::version::COMMIT, crate::version::FEATURES]).set(1);
+    m.server_version.with_label_values(&[cli.emulated_etcd_version.as_str()]).set(1);
+    let health = kine_server::HealthReporter::new();
+    tasks.push(tokio::spawn(crate::metrics_http::follow_grpc_health(store.clone(), health.clone(), stop.clone())));
+    let metrics_address = match metrics_listener {
+        Some(listener) => {
+            let shown = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            let scheme = if metrics_tls.is_some() { "https" } else { "http" };
+            tasks.push(tokio::spawn(crate::metrics_http::serve(listener, metrics_tls, store.clone(), stop.clone())));
+            format!("{scheme}://{shown}")
+        }
+        None => "off".to_string(),
+    };
     tracing::info!(
         backend = backend.name(),
         revision,
         listen = %bound.description,
         tls = tls.is_some(),
+        metrics = %metrics_address,
+        version = crate::version::LONG,
         "kine-rs ready: etcd clients connect to {}",
         bound.client_url
     );
@@ -254,7 +288,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         emulated_version: cli.emulated_etcd_version.clone(),
         client_urls: vec![bound.client_url.clone()],
     };
-    let server = tokio::spawn(kine_server::serve(store.clone(), config, bound.listener, tls, stop.clone()));
+    let server = tokio::spawn(kine_server::serve(store.clone(), config, bound.listener, tls, health, stop.clone()));
     let mut stop_wait = stop.clone();
     let mut server = server;
     let served = tokio::select! {

@@ -20,7 +20,7 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "kine-rs",
-    version,
+    version = crate::version::LONG,
     about = "An etcd v3 API server on SQLite and other datastores, compatible with kine"
 )]
 pub struct Cli {
@@ -92,6 +92,27 @@ pub struct Cli {
     /// Idle pooled connections are closed after this long (SQL datastores; 0 = never)
     #[arg(long, env = "KINE_DATASTORE_CONNECTION_MAX_IDLE_TIME", default_value = "2m", value_parser = parse_duration)]
     pub datastore_connection_max_idle_time: Duration,
+
+    /// Address of the Prometheus /metrics and /health listener (host:port; ":8080" = every
+    /// interface; "0" disables it)
+    #[arg(long, env = "KINE_METRICS_BIND_ADDRESS", default_value = ":8080")]
+    pub metrics_bind_address: String,
+
+    /// Serve /metrics and /health in plain HTTP even when --server-cert-file is set
+    #[arg(long, env = "KINE_METRICS_IGNORE_TLS_CONFIG")]
+    pub metrics_ignore_tls_config: bool,
+
+    /// kine's Go profiling endpoints (/debug/pprof); kine-rs has none and says so at start-up
+    #[arg(long, env = "KINE_METRICS_ENABLE_PROFILING")]
+    pub metrics_enable_profiling: bool,
+
+    /// Backend operations slower than this are logged (info) with what they touched (0 = never)
+    #[arg(long, env = "KINE_SLOW_SQL_THRESHOLD", default_value = "1s", value_parser = parse_duration)]
+    pub slow_sql_threshold: Duration,
+
+    /// Backend operations slower than this are logged as warnings (0 = never)
+    #[arg(long, env = "KINE_SLOW_SQL_WARNING_THRESHOLD", default_value = "5s", value_parser = parse_duration)]
+    pub slow_sql_warning_threshold: Duration,
 
     /// Log format: plain or json
     #[arg(long, env = "KINE_LOG_FORMAT", default_value = "plain", value_parser = ["plain", "json"])]

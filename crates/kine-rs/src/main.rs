@@ -7,7 +7,9 @@ mod duration;
 mod embedded;
 mod endpoint;
 mod listen;
+mod metrics_http;
 mod restore;
+mod version;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;

@@ -6,6 +6,7 @@
 mod cluster;
 mod convert;
 pub mod error;
+mod grpc_metrics;
 mod kv;
 mod lease;
 mod maintenance;
@@ -32,6 +33,10 @@ pub struct ServerConfig {
     pub client_urls: Vec<String>,
 }
 
+/// The standard gRPC health service (`grpc.health.v1.Health`): SERVING for service "" while
+/// this node can serve reads, NOT_SERVING otherwise (set by the caller's health checks).
+pub type HealthReporter = tonic_health::server::HealthReporter;
+
 /// What every service needs.
 #[derive(Clone)]
 pub struct Context {
@@ -53,6 +58,7 @@ pub async fn serve(
     config: ServerConfig,
     listener: Listener,
     tls: Option<ServerTlsConfig>,
+    health: HealthReporter,
     shutdown: Shutdown,
 ) -> Result<(), tonic::transport::Error> {
     let backend = store.backend().clone();
@@ -67,7 +73,12 @@ pub async fn serve(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
+    let health_service = tonic_health::pb::health_server::HealthServer::new(
+        tonic_health::server::HealthService::from_health_reporter(health),
+    );
     let router = builder
+        .layer(grpc_metrics::GrpcMetricsLayer)
+        .add_service(health_service)
         .add_service(pb::kv_server::KvServer::new(kv::KvService(ctx.clone())).max_decoding_message_size(max_decode))
         .add_service(
             pb::watch_server::WatchServer::new(watch::WatchService(ctx.clone())).max_decoding_message_size(max_decode),

@@ -37,6 +37,8 @@ impl Server {
             cmd.args(["--listen-address", "127.0.0.1:0"]);
         }
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).env_remove("RUST_LOG");
+        // Many servers run at once: no metrics listener unless a test asks for one.
+        cmd.env("KINE_METRICS_BIND_ADDRESS", "0");
         if let Some(dir) = dir {
             cmd.current_dir(dir);
         }
@@ -121,7 +123,8 @@ pub fn db_endpoint(dir: &Path) -> String {
 
 /// Runs a command, returning (status ok, stdout, stderr).
 pub fn run(cmd: &mut Command) -> (bool, String, String) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    // kine-rs started this way must not take the default metrics port (tests run in parallel).
+    let out = cmd.env("KINE_METRICS_BIND_ADDRESS", "0").output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

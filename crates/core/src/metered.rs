@@ -1,0 +1,200 @@
+//! A [`Backend`] that measures the one it wraps: every operation counted and timed (by
+//! backend, operation and error), and, for the SQL datastores, the same under kine's
+//! `kine_sql_*` names; operations slower than the slow threshold (kine's
+//! `--slow-sql-threshold`) are logged once each with what they touched.
+
+use crate::backend::{Backend, BackendStatus, LeaseUpdate, Revisions};
+use crate::error::{Error, Result};
+use crate::metrics::metrics;
+use crate::request::{RangeRequest, RangeResponse, Revisioned};
+use crate::txn::{WriteOp, WriteResponse};
+use crate::types::{KeyRange, LeaseId, Revision, RevisionEvents};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::broadcast;
+
+pub struct Metered {
+    inner: Arc<dyn Backend>,
+    /// Logged at info from this long, at warn from `warn` (zero: never).
+    slow: Duration,
+    warn: Duration,
+    sql: bool,
+}
+
+impl Metered {
+    pub fn new(inner: Arc<dyn Backend>, slow: Duration, warn: Duration) -> Metered {
+        let sql = matches!(inner.name(), "sqlite" | "postgres" | "mysql");
+        Metered { inner, slow, warn, sql }
+    }
+
+    async fn observe<T>(
+        &self,
+        operation: &'static str,
+        what: impl FnOnce() -> String,
+        f: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let result = f.await;
+        let elapsed = started.elapsed();
+        let code = result.as_ref().err().map_or("", error_code);
+        let backend = self.inner.name();
+        let m = metrics();
+        m.backend_total.with_label_values(&[backend, operation, code]).inc();
+        m.backend_seconds.with_label_values(&[backend, operation]).observe(elapsed.as_secs_f64());
+        if self.sql {
+            m.sql_total.with_label_values(&[operation, code]).inc();
+            m.sql_seconds.with_label_values(&[operation, code]).observe(elapsed.as_secs_f64());
+        }
+        let over = |limit: Duration| !limit.is_zero() && elapsed >= limit;
+        if over(self.slow) || over(self.warn) {
+            m.slow_total.with_label_values(&[backend, operation]).inc();
+            let (keys, elapsed_ms) = (what(), elapsed.as_millis() as u64);
+            if over(self.warn) {
+                tracing::warn!(backend, operation, keys, elapsed_ms, error = code, "slow backend operation");
+            } else {
+                tracing::info!(backend, operation, keys, elapsed_ms, error = code, "slow backend operation");
+            }
+        }
+        result
+    }
+}
+
+/// A short, bounded label for an error (never its text, which may name keys).
+pub fn error_code(e: &Error) -> &'static str {
+    match e {
+        Error::Compacted { .. } => "compacted",
+        Error::FutureRevision => "future_revision",
+        Error::EmptyKey | Error::ValueProvided | Error::LeaseProvided | Error::InvalidSortOption => "invalid_request",
+        Error::KeyNotFound => "key_not_found",
+        Error::TooManyOps | Error::DuplicateKey | Error::InvalidArgument(_) => "invalid_argument",
+        Error::LeaseNotFound => "lease_not_found",
+        Error::LeaseExists => "lease_exists",
+        Error::LeaseTtlTooLarge => "lease_ttl_too_large",
+        Error::RequestTooLarge => "request_too_large",
+        Error::NoSpace => "no_space",
+        Error::Corrupt => "corrupt",
+        Error::Unsupported(_) => "unsupported",
+        Error::Unavailable(_) => "unavailable",
+        Error::Backend(_) => "backend",
+    }
+}
+
+/// A key range as a log field: printable keys as text, others escaped, long ones cut.
+fn describe(range: &KeyRange) -> String {
+    let show = |k: &[u8]| {
+        let text = k.escape_ascii().to_string();
+        if text.len() > 120 { format!("{}…", &text[..120]) } else { text }
+    };
+    match &range.end {
+        crate::types::RangeEnd::Single => show(&range.start),
+        crate::types::RangeEnd::Unbounded => format!("[{}, ∞)", show(&range.start)),
+        crate::types::RangeEnd::Before(end) => format!("[{}, {})", show(&range.start), show(end)),
+    }
+}
+
+fn write_keys(op: &WriteOp) -> String {
+    match op {
+        WriteOp::Txn(t) => {
+            let mut keys: Vec<String> = t.compare.iter().map(|c| describe(&c.range)).collect();
+            for op in t.success.iter().chain(&t.failure) {
+                match op {
+                    crate::request::RequestOp::Range(r) => keys.push(describe(&r.range)),
+                    crate::request::RequestOp::Put(p) => keys.push(p.key.escape_ascii().to_string()),
+                    crate::request::RequestOp::DeleteRange(d) => keys.push(describe(&d.range)),
+                    crate::request::RequestOp::Txn(_) => keys.push("(nested txn)".into()),
+                }
+            }
+            keys.dedup();
+            keys.truncate(8);
+            keys.join(" ")
+        }
+        WriteOp::LeaseGrant { id, .. } => format!("lease {id:x}"),
+        WriteOp::LeaseRevoke { id, .. } => format!("lease {id:x}"),
+    }
+}
+
+fn write_name(op: &WriteOp) -> &'static str {
+    match op {
+        WriteOp::Txn(_) => "Txn",
+        WriteOp::LeaseGrant { .. } => "LeaseGrant",
+        WriteOp::LeaseRevoke { expired: true, .. } => "LeaseExpire",
+        WriteOp::LeaseRevoke { .. } => "LeaseRevoke",
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Metered {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn cluster_id(&self) -> u64 {
+        self.inner.cluster_id()
+    }
+
+    fn member_id(&self) -> u64 {
+        self.inner.member_id()
+    }
+
+    async fn revisions(&self) -> Result<Revisions> {
+        let r = self.observe("Revisions", String::new, self.inner.revisions()).await?;
+        metrics().current_revision.set(r.current);
+        metrics().compact_revision.set(r.compacted);
+        Ok(r)
+    }
+
+    async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        let what = describe(&req.range);
+        let name = if req.count_only { "Count" } else { "Range" };
+        self.observe(name, || what, self.inner.range(req)).await
+    }
+
+    async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        let (name, what) = (write_name(&op), write_keys(&op));
+        self.observe(name, || what, self.inner.write(op)).await
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.observe("Compact", || format!("revision {revision}"), self.inner.compact(revision)).await
+    }
+
+    async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+        let what = || format!("{} revisions {}..={until}", describe(range), after + 1);
+        self.observe("Events", what, self.inner.events(range, after, until)).await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
+        self.inner.subscribe()
+    }
+
+    async fn leases(&self) -> Result<Vec<(LeaseId, i64)>> {
+        self.observe("Leases", String::new, self.inner.leases()).await
+    }
+
+    async fn lease_keys(&self, id: LeaseId) -> Result<Vec<Vec<u8>>> {
+        self.observe("LeaseKeys", || format!("lease {id:x}"), self.inner.lease_keys(id)).await
+    }
+
+    async fn status(&self) -> Result<BackendStatus> {
+        let s = self.observe("Status", String::new, self.inner.status()).await?;
+        metrics().db_size.set(s.db_size);
+        metrics().db_size_in_use.set(s.db_size_in_use);
+        Ok(s)
+    }
+
+    async fn defragment(&self) -> Result<()> {
+        self.observe("Defragment", String::new, self.inner.defragment()).await
+    }
+
+    async fn close(&self) {
+        self.inner.close().await
+    }
+
+    async fn lease_renew(&self, id: LeaseId, ttl: i64) -> Result<()> {
+        self.observe("LeaseRenew", || format!("lease {id:x}"), self.inner.lease_renew(id, ttl)).await
+    }
+
+    fn lease_updates(&self) -> Option<broadcast::Receiver<LeaseUpdate>> {
+        self.inner.lease_updates()
+    }
+}
