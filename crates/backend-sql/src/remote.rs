@@ -4,7 +4,7 @@
 use kine_core::backend::LeaseUpdate;
 use kine_core::{LeaseId, Revision, RevisionEvents};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
@@ -55,6 +55,26 @@ impl Shared {
             lease_updates: broadcast::channel(1024).0,
             lease_seen: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A feed's catch-up: the revisions after `published` up to the database's `current`, read
+    /// in one snapshot with the compact revision. Advances this node's revision before
+    /// publishing each revision's events (the `Backend` invariant), then lets `revisions()`
+    /// callers waiting for `current` go.
+    pub fn publish(&self, published: Revision, current: Revision, compacted: Revision, events: Vec<RevisionEvents>) {
+        if published + 1 < compacted && current > published {
+            // Another node compacted history this node had not published yet.
+            tracing::error!(published, compacted, "the event feed fell behind a compaction; watches may miss events");
+        }
+        self.compacted.store(compacted, Ordering::SeqCst);
+        for ev in events {
+            self.current.store(ev.revision, Ordering::SeqCst);
+            let _ = self.feed.send(Arc::new(ev));
+        }
+        if current > self.current.load(Ordering::SeqCst) {
+            self.current.store(current, Ordering::SeqCst);
+        }
+        self.published.send_replace(current.max(published));
     }
 
     pub fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, i64>> {

@@ -240,25 +240,11 @@ pub fn events(
     let mut out: Vec<RevisionEvents> = Vec::new();
     while let Some(row) = rows.next().context("read event row")? {
         let kv = kv_from_row(row, 0)?;
-        let deleted: i64 = row.get(6)?;
-        let prev_deleted: Option<i64> = row.get(13)?;
-        // As etcd: the key's version at the revision before the event, none for a creation.
-        let create = deleted == 0 && kv.create_revision == kv.mod_revision;
-        let prev_kv = match prev_deleted {
-            Some(0) if !create => Some(kv_from_row(row, 7)?),
-            _ => None,
-        };
-        let (kind, kv) = if deleted != 0 {
-            (EventKind::Delete, KeyValue { key: kv.key, mod_revision: kv.mod_revision, ..Default::default() })
-        } else {
-            (EventKind::Put, kv)
-        };
-        let rev = kv.mod_revision;
-        let event = Event { kind, kv, prev_kv };
-        match out.last_mut() {
-            Some(last) if last.revision == rev => last.events.push(event),
-            _ => out.push(RevisionEvents { revision: rev, events: vec![event] }),
-        }
+        let deleted = row.get::<_, i64>(6)? != 0;
+        let prev_deleted = row.get::<_, Option<i64>>(13)?.map(|d| d != 0);
+        let prev =
+            if crate::events::wants_prev(&kv, deleted, prev_deleted) { Some(kv_from_row(row, 7)?) } else { None };
+        crate::events::push(&mut out, kv, deleted, prev);
     }
     Ok(out)
 }

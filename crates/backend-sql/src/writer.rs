@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, mpsc};
 use tokio::sync::{broadcast, oneshot};
 
-const MAX_BATCH: usize = 256;
+/// Requests committed together at most (each in its own savepoint).
+pub const MAX_BATCH: usize = 256;
 
 pub type Reply<T> = oneshot::Sender<Result<T>>;
 
@@ -27,6 +28,47 @@ pub enum Job {
     Defragment(Reply<()>),
     /// Finish queued work, checkpoint the WAL and stop.
     Close(oneshot::Sender<()>),
+}
+
+impl Job {
+    /// Answers the job with `e` without running it.
+    pub fn fail(self, e: Error) {
+        match self {
+            Job::Write(_, reply) => {
+                let _ = reply.send(Err(e));
+            }
+            Job::Compact(_, reply) => {
+                let _ = reply.send(Err(e));
+            }
+            Job::Defragment(reply) => {
+                let _ = reply.send(Err(e));
+            }
+            Job::Close(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+/// A write and every write already queued behind it (up to `MAX_BATCH`): one group commit. A
+/// queued job of another kind is kept in `held` for the next round.
+pub fn collect_batch(
+    first: (WriteOp, Reply<Revisioned<WriteResponse>>),
+    rx: &mpsc::Receiver<Job>,
+    held: &mut Option<Job>,
+) -> Vec<(WriteOp, Reply<Revisioned<WriteResponse>>)> {
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(Job::Write(op, reply)) => batch.push((op, reply)),
+            Ok(other) => {
+                *held = Some(other);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    batch
 }
 
 /// State shared between the writer thread and the async side.
@@ -54,17 +96,7 @@ fn run(mut conn: Connection, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
         };
         match job {
             Job::Write(op, reply) => {
-                let mut batch = vec![(op, reply)];
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(Job::Write(op, reply)) => batch.push((op, reply)),
-                        Ok(other) => {
-                            held = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
+                let batch = collect_batch((op, reply), &rx, &mut held);
                 write_batch(&mut conn, &shared, batch);
             }
             Job::Compact(rev, reply) => {

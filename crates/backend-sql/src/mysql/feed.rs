@@ -99,20 +99,7 @@ fn catch_up(c: &mut mysql::Conn, shared: &Shared, epoch: &mut Option<i64>, lease
         None
     };
     c.query_drop("COMMIT").context("end feed transaction")?;
-    if published + 1 < compacted && current > published {
-        // Another node compacted history this node had not published yet.
-        tracing::error!(published, compacted, "the event feed fell behind a compaction; watches may miss events");
-    }
-    shared.compacted.store(compacted, Ordering::SeqCst);
-    for ev in events {
-        // Advance the revision before publishing (see the Backend invariants).
-        shared.current.store(ev.revision, Ordering::SeqCst);
-        let _ = shared.feed.send(Arc::new(ev));
-    }
-    if current > shared.current.load(Ordering::SeqCst) {
-        shared.current.store(current, Ordering::SeqCst);
-    }
-    shared.published.send_replace(current.max(published));
+    shared.publish(published, current, compacted, events);
     if let Some(table) = table {
         announce_leases(shared, leases, table, epoch.is_none());
         *epoch = Some(now_epoch);

@@ -235,23 +235,9 @@ pub fn events(
         let kv = kv_from_row(row, 0)?;
         let deleted: bool = column(row, 6)?;
         let prev_deleted: Option<bool> = column(row, 13)?;
-        // As etcd: the key's version at the revision before the event, none for a creation.
-        let create = !deleted && kv.create_revision == kv.mod_revision;
-        let prev_kv = match prev_deleted {
-            Some(false) if !create => Some(kv_from_row(row, 7)?),
-            _ => None,
-        };
-        let (kind, kv) = if deleted {
-            (EventKind::Delete, KeyValue { key: kv.key, mod_revision: kv.mod_revision, ..Default::default() })
-        } else {
-            (EventKind::Put, kv)
-        };
-        let rev = kv.mod_revision;
-        let event = Event { kind, kv, prev_kv };
-        match out.last_mut() {
-            Some(last) if last.revision == rev => last.events.push(event),
-            _ => out.push(RevisionEvents { revision: rev, events: vec![event] }),
-        }
+        let prev =
+            if crate::events::wants_prev(&kv, deleted, prev_deleted) { Some(kv_from_row(row, 7)?) } else { None };
+        crate::events::push(&mut out, kv, deleted, prev);
     }
     Ok(out)
 }

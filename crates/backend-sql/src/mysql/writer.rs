@@ -9,7 +9,7 @@ use super::feed::Nudge;
 use super::view::MyView;
 use super::{Connector, Role, connection_lost, schema, unavailable};
 use crate::remote::Shared;
-use crate::writer::{Job, Reply};
+use crate::writer::{Job, Reply, collect_batch};
 use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
@@ -17,7 +17,6 @@ use kine_core::{Error, Result, Revision};
 use mysql::prelude::Queryable;
 use std::sync::{Arc, mpsc};
 
-const MAX_BATCH: usize = 256;
 /// Superseded versions deleted per statement by a compaction.
 const DELETE_CHUNK: usize = 500;
 
@@ -48,9 +47,9 @@ fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiv
                 Ok(c) => Some(c),
                 Err(e) => {
                     let err = || unavailable(&e);
-                    fail(job, err());
+                    job.fail(err());
                     while let Ok(job) = rx.try_recv() {
-                        fail(job, err());
+                        job.fail(err());
                     }
                     continue;
                 }
@@ -59,17 +58,7 @@ fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiv
         let c = conn.as_mut().expect("connected");
         let lost = match job {
             Job::Write(op, reply) => {
-                let mut batch = vec![(op, reply)];
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(Job::Write(op, reply)) => batch.push((op, reply)),
-                        Ok(other) => {
-                            held = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
+                let batch = collect_batch((op, reply), &rx, &mut held);
                 write_batch(c, &shared, &nudge, batch)
             }
             Job::Compact(rev, reply) => {
@@ -88,23 +77,6 @@ fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiv
         };
         if lost {
             conn = None;
-        }
-    }
-}
-
-fn fail(job: Job, e: Error) {
-    match job {
-        Job::Write(_, reply) => {
-            let _ = reply.send(Err(e));
-        }
-        Job::Compact(_, reply) => {
-            let _ = reply.send(Err(e));
-        }
-        Job::Defragment(reply) => {
-            let _ = reply.send(Err(e));
-        }
-        Job::Close(done) => {
-            let _ = done.send(());
         }
     }
 }

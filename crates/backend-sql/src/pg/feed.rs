@@ -82,20 +82,7 @@ fn catch_up(conn: &mut postgres::Client, shared: &Shared) -> anyhow::Result<()> 
     let events =
         if current > published { view::events(&mut tx, &KeyRange::all(), published, current)? } else { Vec::new() };
     tx.commit().context("end feed transaction")?;
-    if published + 1 < compacted && current > published {
-        // Another node compacted history this node had not published yet.
-        tracing::error!(published, compacted, "the event feed fell behind a compaction; watches may miss events");
-    }
-    shared.compacted.store(compacted, Ordering::SeqCst);
-    for ev in events {
-        // Advance the revision before publishing (see the Backend invariants).
-        shared.current.store(ev.revision, Ordering::SeqCst);
-        let _ = shared.feed.send(Arc::new(ev));
-    }
-    if current > shared.current.load(Ordering::SeqCst) {
-        shared.current.store(current, Ordering::SeqCst);
-    }
-    shared.published.send_replace(current.max(published));
+    shared.publish(published, current, compacted, events);
     Ok(())
 }
 

@@ -8,15 +8,13 @@
 use super::schema;
 use super::view::PgView;
 use super::{Connector, Shared};
-use crate::writer::{Job, Reply};
+use crate::writer::{Job, Reply, collect_batch};
 use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
 use kine_core::{Error, Result, Revision};
 use postgres::types::Type;
 use std::sync::{Arc, mpsc};
-
-const MAX_BATCH: usize = 256;
 
 pub fn spawn(connector: Connector, shared: Arc<Shared>) -> std::io::Result<mpsc::Sender<Job>> {
     let (tx, rx) = mpsc::channel();
@@ -45,9 +43,9 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
                 Ok(c) => Some(c),
                 Err(e) => {
                     let err = || Error::Unavailable(format!("PostgreSQL: {e:#}"));
-                    fail(job, err());
+                    job.fail(err());
                     while let Ok(job) = rx.try_recv() {
-                        fail(job, err());
+                        job.fail(err());
                     }
                     continue;
                 }
@@ -56,17 +54,7 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
         let conn = client.as_mut().expect("connected");
         match job {
             Job::Write(op, reply) => {
-                let mut batch = vec![(op, reply)];
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(Job::Write(op, reply)) => batch.push((op, reply)),
-                        Ok(other) => {
-                            held = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
+                let batch = collect_batch((op, reply), &rx, &mut held);
                 write_batch(conn, &shared, batch);
             }
             Job::Compact(rev, reply) => {
@@ -77,23 +65,6 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
                 let _ = reply.send(result);
             }
             Job::Close(_) => unreachable!("handled above"),
-        }
-    }
-}
-
-fn fail(job: Job, e: Error) {
-    match job {
-        Job::Write(_, reply) => {
-            let _ = reply.send(Err(e));
-        }
-        Job::Compact(_, reply) => {
-            let _ = reply.send(Err(e));
-        }
-        Job::Defragment(reply) => {
-            let _ = reply.send(Err(e));
-        }
-        Job::Close(done) => {
-            let _ = done.send(());
         }
     }
 }
