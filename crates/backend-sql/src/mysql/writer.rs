@@ -116,12 +116,9 @@ fn write_batch(
                     }
                     results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
                 }
+                // The connection broke under the request: the whole batch fails as an outage.
+                Err(Error::Backend(inner)) if connection_lost(&inner) => return Err(inner),
                 Err(e) => {
-                    if let Error::Backend(inner) = &e
-                        && connection_lost(inner)
-                    {
-                        return Err(anyhow::anyhow!("{inner:#}"));
-                    }
                     view.conn.query_drop("ROLLBACK TO SAVEPOINT op").context("roll back savepoint")?;
                     view.conn.query_drop("RELEASE SAVEPOINT op").context("release savepoint")?;
                     results.push(Err(e));
