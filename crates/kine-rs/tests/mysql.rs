@@ -52,3 +52,58 @@ fn a_wrong_password_fails_at_once_and_is_never_shown() {
     assert!(stderr.contains("Access denied"), "{stderr}");
     assert!(!stderr.contains("not-the-password"), "the password leaked: {stderr}");
 }
+
+#[tokio::test]
+async fn tls_with_a_client_certificate() {
+    let certs = TempDir::new("mysql-certs");
+    kine_testkit::certs::make_certs(certs.path());
+    let mut db = MariaDbServer::start();
+    db.require_tls(certs.path());
+    let url = db.url("tls");
+    let file = |name: &str| certs.path().join(name).display().to_string();
+    let node = Server::start(&[
+        "--endpoint",
+        &url,
+        "--ca-file",
+        &file("ca.crt"),
+        "--cert-file",
+        &file("client.crt"),
+        "--key-file",
+        &file("client.key"),
+    ]);
+    let mut c = node.client().await;
+    c.put("k", "over TLS", None).await.unwrap();
+    assert_eq!(c.get("k", None).await.unwrap().kvs()[0].value(), b"over TLS");
+    drop(node);
+
+    // Without the client certificate (REQUIRE X509), or without TLS (require_secure_transport):
+    // refused at once, with the reason, the password never shown.
+    let refused = |args: Vec<String>| {
+        let started = std::time::Instant::now();
+        let (ok, _, stderr) =
+            run(std::process::Command::new(server_bin()).args(["--listen-address", "127.0.0.1:0"]).args(&args));
+        assert!(!ok, "{args:?}: {stderr}");
+        assert!(stderr.contains("--endpoint mysql://kine:***@"), "{stderr}");
+        assert!(!stderr.contains(PASSWORD), "{stderr}");
+        assert!(started.elapsed() < Duration::from_secs(10), "a refusal is not retried: {stderr}");
+        stderr
+    };
+    let e = refused(vec!["--endpoint".into(), url.clone(), "--ca-file".into(), file("ca.crt")]);
+    assert!(e.contains("Access denied"), "{e}");
+    let e = refused(vec!["--endpoint".into(), url.clone()]);
+    assert!(e.contains("secure transport") || e.contains("Access denied"), "{e}");
+    // A server certificate from another CA is refused.
+    let other = TempDir::new("mysql-other-certs");
+    kine_testkit::certs::make_certs(other.path());
+    let e = refused(vec![
+        "--endpoint".into(),
+        url,
+        "--ca-file".into(),
+        other.path().join("ca.crt").display().to_string(),
+        "--cert-file".into(),
+        file("client.crt"),
+        "--key-file".into(),
+        file("client.key"),
+    ]);
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+}

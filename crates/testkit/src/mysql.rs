@@ -68,6 +68,8 @@ pub struct MariaDbServer {
     /// The `mysql` user's (uid, gid) when running as root.
     mysql: Option<(u32, u32)>,
     dir: TempDir,
+    /// Server options added by [`MariaDbServer::require_tls`].
+    extra: Vec<String>,
 }
 
 impl MariaDbServer {
@@ -107,8 +109,8 @@ impl MariaDbServer {
             String::from_utf8_lossy(&out.stderr)
         );
         let port = free_port();
-        let child = Self::spawn(dir.path(), port, &admin, mysql);
-        let server = MariaDbServer { child, port, admin, mysql, dir };
+        let child = Self::spawn(dir.path(), port, &admin, mysql, &[]);
+        let server = MariaDbServer { child, port, admin, mysql, dir, extra: Vec::new() };
         server.root_sql(&format!(
             "CREATE USER '{USER}'@'%' IDENTIFIED BY '{PASSWORD}'; GRANT ALL ON *.* TO '{USER}'@'%'; FLUSH PRIVILEGES;"
         ));
@@ -116,7 +118,7 @@ impl MariaDbServer {
     }
 
     /// Starts `mariadbd` on the data in `dir` and waits until it answers on its socket.
-    fn spawn(dir: &Path, port: u16, admin: &str, mysql: Option<(u32, u32)>) -> Child {
+    fn spawn(dir: &Path, port: u16, admin: &str, mysql: Option<(u32, u32)>, extra: &[String]) -> Child {
         let log_path = dir.join("error.log");
         // Also the server's stderr, for what it says before it opens --log-error itself.
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).expect("open the MariaDB log");
@@ -142,6 +144,7 @@ impl MariaDbServer {
                 "--innodb-flush-log-at-trx-commit=1",
                 "--max-allowed-packet=64M",
             ])
+            .args(extra)
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -212,7 +215,33 @@ impl MariaDbServer {
     /// and waits until it is ready.
     pub fn restart(&mut self) {
         self.stop();
-        self.child = Self::spawn(self.dir.path(), self.port, &self.admin, self.mysql);
+        self.child = Self::spawn(self.dir.path(), self.port, &self.admin, self.mysql, &self.extra);
+    }
+
+    /// From now on only TLS connections, and [`USER`] must present a client certificate: the
+    /// files of [`crate::certs::make_certs`] in `certs` (restarts the server).
+    pub fn require_tls(&mut self, certs: &Path) {
+        let tls = self.dir.path().join("tls");
+        std::fs::create_dir(&tls).expect("create the TLS directory");
+        for name in ["ca.crt", "server.crt", "server.key"] {
+            let dest = tls.join(name);
+            std::fs::copy(certs.join(name), &dest).expect("copy a certificate file");
+            if let Some((uid, gid)) = self.mysql {
+                std::os::unix::fs::chown(&dest, Some(uid), Some(gid)).expect("chown a certificate file");
+            }
+        }
+        if let Some((uid, gid)) = self.mysql {
+            std::os::unix::fs::chown(&tls, Some(uid), Some(gid)).expect("chown the TLS directory");
+        }
+        let file = |name: &str| tls.join(name).display().to_string();
+        self.extra = vec![
+            format!("--ssl-ca={}", file("ca.crt")),
+            format!("--ssl-cert={}", file("server.crt")),
+            format!("--ssl-key={}", file("server.key")),
+            "--require-secure-transport=ON".to_string(),
+        ];
+        self.restart();
+        self.root_sql(&format!("ALTER USER '{USER}'@'%' REQUIRE X509; FLUSH PRIVILEGES;"));
     }
 
     /// The kine URL of database `db` (created by kine-rs when missing).

@@ -136,6 +136,26 @@ pub fn connection_lost(e: &anyhow::Error) -> bool {
     })
 }
 
+/// A failed TLS handshake (unknown CA, wrong name, no TLS on the server) fails the same way
+/// again: not worth retrying at start-up.
+fn tls_refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(c.downcast_ref::<mysql::Error>(), Some(mysql::Error::TlsError(_)))
+            || matches!(
+                c.downcast_ref::<mysql::Error>(),
+                Some(mysql::Error::DriverError(mysql::DriverError::TlsNotSupported))
+            )
+            || c.downcast_ref::<rustls::Error>().is_some()
+            || c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+    }) || {
+        // The client wraps the handshake's error in its codec's I/O error, as text.
+        let text = format!("{e:#}");
+        text.contains("invalid peer certificate") || text.contains("peer is incompatible")
+    }
+}
+
 pub fn unavailable(e: &anyhow::Error) -> Error {
     Error::Unavailable(format!("MySQL: {e:#}"))
 }
@@ -209,7 +229,11 @@ impl MysqlBackend {
                 Err(e) if server_code(&e) == Some(1049) => {
                     create_database(&connector, &dsn.database).with_context(|| format!("--endpoint {shown}"))?;
                 }
-                Err(e) if server_code(&e).is_none_or(|c| c == 1040) && started.elapsed() < START_PATIENCE => {
+                Err(e)
+                    if server_code(&e).is_none_or(|c| c == 1040)
+                        && !tls_refused(&e)
+                        && started.elapsed() < START_PATIENCE =>
+                {
                     if !warned {
                         tracing::warn!(error = format!("{e:#}"), "MySQL not reachable yet; retrying for 30 s");
                         warned = true;
