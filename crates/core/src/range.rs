@@ -84,3 +84,29 @@ fn sort(kvs: &mut [KeyValue], order: SortOrder, target: SortTarget) {
         kvs.sort_by(cmp);
     }
 }
+
+/// A [`ReadView`] of one key read ahead: its live version at the read revision, or none (absent
+/// or deleted). Lets a backend answer a single-key Range with one query, then run the Range
+/// rules here as for any other read.
+pub struct OneKey(pub Option<KeyValue>);
+
+impl ReadView for OneKey {
+    fn scan(
+        &mut self,
+        range: &crate::types::KeyRange,
+        _rev: Revision,
+        _limit: usize,
+        keys_only: bool,
+    ) -> Result<Vec<KeyValue>> {
+        debug_assert!(range.end == crate::types::RangeEnd::Single);
+        let mut kvs: Vec<KeyValue> = self.0.iter().filter(|kv| kv.key == range.start).cloned().collect();
+        if keys_only {
+            kvs.iter_mut().for_each(|kv| kv.value.clear());
+        }
+        Ok(kvs)
+    }
+
+    fn count(&mut self, range: &crate::types::KeyRange, rev: Revision) -> Result<i64> {
+        Ok(self.scan(range, rev, 0, true)?.len() as i64)
+    }
+}

@@ -258,6 +258,9 @@ impl Backend for PostgresBackend {
     }
 
     async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        if req.range.end == kine_core::RangeEnd::Single {
+            return self.readers.single(move |c| view::get(c, &req)).await;
+        }
         self.readers
             .read(move |tx| {
                 let (current, compacted) = schema::revisions(tx)?;

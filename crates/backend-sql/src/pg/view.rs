@@ -215,6 +215,35 @@ impl<C: GenericClient> WriteView for PgView<'_, C> {
     }
 }
 
+/// A single-key Range in one statement (one snapshot, no transaction): the revisions and the
+/// key's newest version at the read revision together, then the Range rules over that row.
+pub fn get(
+    client: &mut impl GenericClient,
+    req: &kine_core::request::RangeRequest,
+) -> Result<kine_core::request::Revisioned<kine_core::request::RangeResponse>> {
+    let value = if req.keys_only { "''::bytea" } else { "k.value" };
+    let sql = format!(
+        "SELECT r.value, c.value, {KV_COLUMNS}, {value}, k.deleted
+         FROM meta r CROSS JOIN meta c
+         LEFT JOIN LATERAL (
+             SELECT * FROM kv k WHERE k.key = $1
+               AND k.mod_revision <= CASE WHEN $2 > 0 THEN $2 ELSE r.value END
+             ORDER BY k.mod_revision DESC, k.sub DESC LIMIT 1) k ON true
+         WHERE r.name = 'revision' AND c.name = 'compact_revision'"
+    );
+    let row = client
+        .query_typed_one(&sql, &[(&req.range.start, Type::BYTEA), (&req.revision, Type::INT8)])
+        .map_err(|e| backend_err(e, "run get query"))?;
+    let (current, compacted): (i64, i64) = (row.get(0), row.get(1));
+    let rev = kine_core::range::read_revision(req.revision, current, compacted)?;
+    let live = match row.get::<_, Option<bool>>(8) {
+        Some(false) => Some(kv_from_row(&row, 2)),
+        _ => None,
+    };
+    let value = kine_core::range::execute(&mut kine_core::range::OneKey(live), req, rev)?;
+    Ok(kine_core::request::Revisioned { revision: current, value })
+}
+
 /// Committed events in `range` with `after < revision <= until`, each with its previous version.
 pub fn events(
     client: &mut impl GenericClient,
