@@ -36,13 +36,14 @@ mysql_throwaway_start() {
         fi
     done
     MYSQL_THROWAWAY_DIR="$(mktemp -d /tmp/kine-rs-mysql.XXXXXX)"
-    mkdir "$MYSQL_THROWAWAY_DIR/data"
+    mkdir "$MYSQL_THROWAWAY_DIR/data" "$MYSQL_THROWAWAY_DIR/tmp"
     chmod 711 "$MYSQL_THROWAWAY_DIR" "$MYSQL_THROWAWAY_DIR/data"
+    chmod 700 "$MYSQL_THROWAWAY_DIR/tmp"
     # As root: the server runs as `mysql` (it refuses root) and writes its socket, pid file and log
     # next to the data directory. Otherwise the unix-socket admin account is this user.
     local install_as=() server_as=()
     if [[ "$(id -u)" == 0 ]]; then
-        chown mysql:mysql "$MYSQL_THROWAWAY_DIR" "$MYSQL_THROWAWAY_DIR/data"
+        chown mysql:mysql "$MYSQL_THROWAWAY_DIR" "$MYSQL_THROWAWAY_DIR/data" "$MYSQL_THROWAWAY_DIR/tmp"
         install_as=(--user=mysql)
         server_as=(--user=mysql)
         MYSQL_THROWAWAY_ADMIN=root
@@ -52,7 +53,8 @@ mysql_throwaway_start() {
     fi
     # --no-defaults must come first: no my.cnf of this machine applies.
     if ! (cd / && "$(_mysql_throwaway_bin mariadb-install-db)" --no-defaults "${install_as[@]}" \
-        --datadir="$MYSQL_THROWAWAY_DIR/data" --skip-test-db --auth-root-authentication-method=socket \
+        --datadir="$MYSQL_THROWAWAY_DIR/data" --skip-test-db --auth-root-authentication-method=socket --innodb-use-native-aio=0 \
+        --tmpdir="$MYSQL_THROWAWAY_DIR/tmp" \
         >"$MYSQL_THROWAWAY_DIR/install.log" 2>&1); then
         cat "$MYSQL_THROWAWAY_DIR/install.log" >&2
         return 1
@@ -64,7 +66,8 @@ mysql_throwaway_start() {
         --pid-file="$MYSQL_THROWAWAY_DIR/mariadb.pid" --log-error="$MYSQL_THROWAWAY_DIR/error.log" \
         --port="$port" --bind-address=127.0.0.1 --skip-name-resolve --max-connections=500 \
         --character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci \
-        --innodb-flush-log-at-trx-commit=1 --max-allowed-packet=64M \
+        --innodb-flush-log-at-trx-commit=1 --max-allowed-packet=64M --innodb-use-native-aio=0 \
+        --tmpdir="$MYSQL_THROWAWAY_DIR/tmp" \
         </dev/null >/dev/null 2>>"$MYSQL_THROWAWAY_DIR/server.out") &
     MYSQL_THROWAWAY_PID=$!
     # Ready when it answers on its socket (up to a minute).

@@ -87,6 +87,12 @@ impl MariaDbServer {
                 std::os::unix::fs::chown(path, Some(uid), Some(gid)).expect("chown the MariaDB directory");
             }
         }
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).expect("create the MariaDB tmpdir");
+        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        if let Some((uid, gid)) = mysql {
+            std::os::unix::fs::chown(&tmp, Some(uid), Some(gid)).expect("chown the MariaDB tmpdir");
+        }
         let mut install = Command::new(binary("mariadb-install-db"));
         // --no-defaults must come first: no my.cnf of this machine applies.
         install.arg("--no-defaults");
@@ -98,6 +104,12 @@ impl MariaDbServer {
         let out = install
             .arg(format!("--datadir={}", data.display()))
             .args(["--skip-test-db", "--auth-root-authentication-method=socket"])
+            // No native AIO: io_uring rings need locked memory, which the `mysql` user's processes
+            // share (ulimit -l, 8 MiB here); many test servers at once must not compete for it.
+            .arg("--innodb-use-native-aio=0")
+            // A server deletes every `#sql*` file in its tmpdir when it starts: with the shared
+            // /tmp it removed another server's temporary tables mid-installation.
+            .arg(format!("--tmpdir={}", tmp.display()))
             .current_dir("/")
             .stdin(Stdio::null())
             .output()
@@ -133,6 +145,7 @@ impl MariaDbServer {
             .arg(format!("--socket={}", dir.join("mariadb.sock").display()))
             .arg(format!("--pid-file={}", dir.join("mariadb.pid").display()))
             .arg(format!("--log-error={}", log_path.display()))
+            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
             .arg(format!("--port={port}"))
             .args([
                 "--bind-address=127.0.0.1",
@@ -142,6 +155,8 @@ impl MariaDbServer {
                 "--collation-server=utf8mb4_general_ci",
                 // Durable commits (the default, stated because the crash tests rely on it).
                 "--innodb-flush-log-at-trx-commit=1",
+                // See `start`: no native AIO, and a tmpdir of its own.
+                "--innodb-use-native-aio=0",
                 "--max-allowed-packet=64M",
             ])
             .args(extra)

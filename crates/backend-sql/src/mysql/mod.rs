@@ -311,6 +311,9 @@ impl Backend for MysqlBackend {
     }
 
     async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        if req.range.end == kine_core::RangeEnd::Single {
+            return self.readers.single(move |c| view::get(c, &req)).await;
+        }
         self.readers
             .read(move |c| {
                 let (current, compacted, _) = schema::revisions(c)?;

@@ -209,6 +209,37 @@ impl<C: Queryable> WriteView for MyView<'_, C> {
     }
 }
 
+/// A single-key Range in one statement (one snapshot, no transaction): the revisions and the
+/// key's newest version at the read revision together, then the Range rules over that row.
+pub fn get(
+    conn: &mut impl Queryable,
+    req: &kine_core::request::RangeRequest,
+) -> Result<kine_core::request::Revisioned<kine_core::request::RangeResponse>> {
+    let value = if req.keys_only { "''" } else { "k.value" };
+    let sql = format!(
+        "SELECT r.value, c.value, {KV_COLUMNS}, {value}, k.deleted
+         FROM meta r JOIN meta c ON c.name = 'compact_revision'
+         LEFT JOIN kv k ON k.key = ? AND (k.mod_revision, k.sub) = (
+             SELECT n.mod_revision, n.sub FROM kv n
+             WHERE n.key = ? AND n.mod_revision <= IF(? > 0, ?, r.value)
+             ORDER BY n.mod_revision DESC, n.sub DESC LIMIT 1)
+         WHERE r.name = 'revision'"
+    );
+    let key = Value::Bytes(req.range.start.clone());
+    let row: Row = conn
+        .exec_first(sql, (key.clone(), key, req.revision, req.revision))
+        .map_err(|e| backend_err(e, "run get query"))?
+        .ok_or_else(|| Error::Backend(anyhow::anyhow!("meta rows revision and compact_revision are missing")))?;
+    let (current, compacted): (i64, i64) = (column(&row, 0)?, column(&row, 1)?);
+    let rev = kine_core::range::read_revision(req.revision, current, compacted)?;
+    let live = match column::<Option<bool>>(&row, 8)? {
+        Some(false) => Some(kv_from_row(&row, 2)?),
+        _ => None,
+    };
+    let value = kine_core::range::execute(&mut kine_core::range::OneKey(live), req, rev)?;
+    Ok(kine_core::request::Revisioned { revision: current, value })
+}
+
 /// Committed events in `range` with `after < revision <= until`, each with its previous version.
 pub fn events(
     conn: &mut impl Queryable,
