@@ -26,6 +26,7 @@ impl ReadPool {
             Connection::open_with_flags(&self.path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
                 .with_context(|| format!("open {} for reading", self.path.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))?;
+        crate::schema::map_file(&conn)?;
         Ok(conn)
     }
 
@@ -34,6 +35,20 @@ impl ReadPool {
         if idle.len() < self.max_idle {
             idle.push(conn);
         }
+    }
+
+    /// Runs `f` inside one read transaction on this thread: for reads that take microseconds
+    /// (one key), where the hop to a blocking thread and back costs more than the read.
+    pub fn read_here<T>(&self, f: impl FnOnce(&Connection) -> kine_core::Result<T>) -> kine_core::Result<T> {
+        let mut conn = self.take()?;
+        let result = {
+            let tx = conn.transaction().context("begin read transaction")?;
+            let result = f(&tx);
+            tx.finish().context("end read transaction")?;
+            result
+        };
+        self.give_back(conn);
+        result
     }
 
     /// Runs `f` inside one read transaction (one consistent snapshot) on a blocking thread.

@@ -21,6 +21,11 @@ pub struct SqliteOptions {
     pub path: PathBuf,
 }
 
+/// Idle read connections kept. More readers than this at once open connections that are closed
+/// afterwards — an open parses the schema and maps the file again, so keep enough for the
+/// concurrency the server sees (they cost little: SQLite's cache grows only as used).
+const READERS_KEPT: usize = 64;
+
 pub struct SqliteBackend {
     path: PathBuf,
     shared: Arc<Shared>,
@@ -53,7 +58,7 @@ impl SqliteBackend {
         let writer = writer::spawn(conn, shared.clone()).context("start the SQLite writer thread")?;
         tracing::debug!(path = %path.display(), revision = meta.revision, compacted = meta.compact_revision, "SQLite database open");
         Ok(SqliteBackend {
-            readers: Arc::new(ReadPool::new(path.clone(), 8)),
+            readers: Arc::new(ReadPool::new(path.clone(), READERS_KEPT)),
             path,
             shared,
             writer: Mutex::new(Some(writer)),
@@ -113,16 +118,20 @@ impl Backend for SqliteBackend {
     }
 
     async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
-        self.readers
-            .read(move |conn| {
-                // Revisions from the same snapshot as the data.
-                let (current, compacted) = schema::revisions(conn)?;
-                let rev = range::read_revision(req.revision, current, compacted)?;
-                let mut view = SqlView { conn, revision: current, compacted };
-                let value = range::execute(&mut view, &req, rev)?;
-                Ok(Revisioned { revision: current, value })
-            })
-            .await
+        let single = req.range.end == kine_core::RangeEnd::Single;
+        let read = move |conn: &rusqlite::Connection| {
+            // Revisions from the same snapshot as the data.
+            let (current, compacted) = schema::revisions(conn)?;
+            let rev = range::read_revision(req.revision, current, compacted)?;
+            let mut view = SqlView { conn, revision: current, compacted };
+            let value = range::execute(&mut view, &req, rev)?;
+            Ok(Revisioned { revision: current, value })
+        };
+        if single {
+            // One key: an index seek in a mapped file, cheaper than a thread hop.
+            return self.readers.read_here(read);
+        }
+        self.readers.read(read).await
     }
 
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
