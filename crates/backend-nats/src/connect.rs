@@ -140,10 +140,18 @@ pub async fn options(
             let closing = closing.load(Ordering::SeqCst);
             let last = last.clone();
             async move {
+                let connected = kine_core::metrics::metrics().backend_connected.with_label_values(&["nats", "client"]);
                 match event {
-                    async_nats::Event::Disconnected if closing => tracing::debug!("NATS connection closed"),
-                    async_nats::Event::Disconnected => tracing::warn!("NATS connection lost; reconnecting"),
+                    async_nats::Event::Disconnected if closing => {
+                        connected.set(0);
+                        tracing::debug!("NATS connection closed")
+                    }
+                    async_nats::Event::Disconnected => {
+                        connected.set(0);
+                        tracing::warn!("NATS connection lost; reconnecting")
+                    }
                     async_nats::Event::Connected => {
+                        connected.set(1);
                         last.set(None);
                         tracing::info!("NATS connection (re)established")
                     }

@@ -3,10 +3,11 @@
 //! working; docs/operations.md lists every family. Recording is a few atomic operations; the
 //! gauges that describe the datastore (revisions, size) are read when scraped.
 
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use std::sync::LazyLock;
+
+/// For backends that keep a handle to one of the gauges.
+pub use prometheus::IntGauge;
 
 pub struct Metrics {
     pub registry: Registry,

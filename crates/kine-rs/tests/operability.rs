@@ -214,10 +214,21 @@ async fn health_follows_the_datastore_and_alarms() {
         assert!(Instant::now() < deadline, "gRPC health never went NOT_SERVING");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let feed = [("backend", "postgres"), ("connection", "feed")];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while value(&scrape(port).await, "kine_backend_connected", &feed) != 0.0 {
+        assert!(Instant::now() < deadline, "the feed's connection gauge never went to 0");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     pg.restart();
     let deadline = Instant::now() + Duration::from_secs(20);
     while get(port, "/health", None).await.0 != 200 {
         assert!(Instant::now() < deadline, "never healthy again after the restart");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while value(&scrape(port).await, "kine_backend_connected", &feed) != 1.0 {
+        assert!(Instant::now() < deadline, "the feed's connection gauge never went back to 1");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 

@@ -52,6 +52,7 @@ fn run(connector: Connector, shared: Arc<Shared>, wake: mpsc::Receiver<()>) {
                     epoch = None;
                 }
                 Err(e) => {
+                    kine_core::metrics::metrics().backend_connected.with_label_values(&["mysql", "feed"]).set(0);
                     if !failing {
                         tracing::warn!(error = format!("{e:#}"), "MySQL event feed cannot connect; retrying");
                         failing = true;
@@ -64,12 +65,14 @@ fn run(connector: Connector, shared: Arc<Shared>, wake: mpsc::Receiver<()>) {
         let c = conn.as_mut().expect("connected");
         match catch_up(c, &shared, &mut epoch, &mut leases) {
             Ok(()) => {
+                kine_core::metrics::metrics().backend_connected.with_label_values(&["mysql", "feed"]).set(1);
                 if failing {
                     tracing::info!("MySQL event feed connected again");
                     failing = false;
                 }
             }
             Err(e) => {
+                kine_core::metrics::metrics().backend_connected.with_label_values(&["mysql", "feed"]).set(0);
                 if !failing {
                     tracing::warn!(error = format!("{e:#}"), "MySQL event feed failed; retrying");
                     failing = true;

@@ -26,6 +26,11 @@ pub fn spawn(connector: Connector, shared: Arc<Shared>, nudge: Nudge) -> std::io
     Ok(tx)
 }
 
+/// `kine_backend_connected` of this writer's connection.
+fn connected() -> kine_core::metrics::IntGauge {
+    kine_core::metrics::metrics().backend_connected.with_label_values(&["mysql", "writer"])
+}
+
 fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiver<Job>) {
     let mut conn: Option<mysql::Conn> = None;
     let mut held: Option<Job> = None;
@@ -44,8 +49,12 @@ fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiv
         // A lost connection is replaced at the next job; meanwhile requests fail fast.
         if conn.is_none() {
             conn = match connector.connect(Role::Writer) {
-                Ok(c) => Some(c),
+                Ok(c) => {
+                    connected().set(1);
+                    Some(c)
+                }
                 Err(e) => {
+                    connected().set(0);
                     let err = || unavailable(&e);
                     job.fail(err());
                     while let Ok(job) = rx.try_recv() {
@@ -76,6 +85,7 @@ fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiv
             Job::Close(_) => unreachable!("handled above"),
         };
         if lost {
+            connected().set(0);
             conn = None;
         }
     }

@@ -32,6 +32,7 @@ fn run(connector: Connector, shared: Arc<Shared>) {
             }) {
                 Ok(c) => Some(c),
                 Err(e) => {
+                    kine_core::metrics::metrics().backend_connected.with_label_values(&["postgres", "feed"]).set(0);
                     if !failing {
                         tracing::warn!(error = format!("{e:#}"), "PostgreSQL event feed cannot connect; retrying");
                         failing = true;
@@ -44,12 +45,14 @@ fn run(connector: Connector, shared: Arc<Shared>) {
         let conn = client.as_mut().expect("connected");
         match catch_up(conn, &shared) {
             Ok(()) => {
+                kine_core::metrics::metrics().backend_connected.with_label_values(&["postgres", "feed"]).set(1);
                 if failing {
                     tracing::info!("PostgreSQL event feed connected again");
                     failing = false;
                 }
             }
             Err(e) => {
+                kine_core::metrics::metrics().backend_connected.with_label_values(&["postgres", "feed"]).set(0);
                 if !failing {
                     tracing::warn!(error = format!("{e:#}"), "PostgreSQL event feed failed; retrying");
                     failing = true;

@@ -39,9 +39,14 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
         }
         // A lost connection is replaced at the next job; meanwhile requests fail fast.
         if client.as_ref().is_none_or(|c| c.is_closed()) {
+            let connected = kine_core::metrics::metrics().backend_connected.with_label_values(&["postgres", "writer"]);
             client = match connector.connect() {
-                Ok(c) => Some(c),
+                Ok(c) => {
+                    connected.set(1);
+                    Some(c)
+                }
                 Err(e) => {
+                    connected.set(0);
                     let err = || Error::Unavailable(format!("PostgreSQL: {e:#}"));
                     job.fail(err());
                     while let Ok(job) = rx.try_recv() {
