@@ -4,16 +4,21 @@
 //!
 //! ```text
 //! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload get --clients 16 --keys 100000
+//! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload list --shape k8s --keys 10000
+//! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload watch --watchers 1000 --clients 10
 //! ```
 //! Workloads that read preloaded keys (`get`, `cas`, `list`, `count`) first make sure that
-//! `--keys` keys exist under `/bench/k/` (a larger count extends a smaller one).
+//! `--keys` keys of the shape's key space exist (a larger count extends a smaller one).
 
+mod keys;
 mod server;
 mod stats;
+mod watch;
 mod workload;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, ensure};
 use clap::{Parser, ValueEnum};
+use keys::Shape;
 use stats::Stats;
 use std::time::{Duration, Instant};
 use workload::Params;
@@ -22,8 +27,10 @@ use workload::Params;
 enum Workload {
     /// Make sure the preloaded keys exist, and nothing else.
     Load,
-    /// Puts of new keys.
+    /// Puts of new keys (flat shape only: etcd's benchmark).
     Put,
+    /// Creates of new keys: a Txn putting only if the key's mod revision is 0 (kube-apiserver's create).
+    Create,
     /// Gets of random preloaded keys.
     Get,
     /// Get + conditional update (kube-apiserver's optimistic update) of random preloaded keys.
@@ -32,6 +39,22 @@ enum Workload {
     List,
     /// Counts of the preloaded prefix.
     Count,
+    /// `--watchers` watches on a prefix and one writer at `--rate` puts/s; reports event
+    /// delivery: ops = events delivered, latency = delivery latency; events not delivered 5 s
+    /// after the last put count as errors (flat shape only).
+    Watch,
+}
+
+/// The name clap gives a value on the command line (`k8s`, `cas`).
+fn name(v: impl ValueEnum) -> String {
+    v.to_possible_value().expect("no skipped values").get_name().to_string()
+}
+
+impl Workload {
+    /// Whether the workload reads the preloaded key space.
+    fn reads_keys(self) -> bool {
+        matches!(self, Workload::Load | Workload::Get | Workload::Cas | Workload::List | Workload::Count)
+    }
 }
 
 #[derive(Parser, Debug)]
@@ -42,7 +65,12 @@ struct Args {
     endpoint: String,
     #[arg(long, value_enum)]
     workload: Workload,
-    /// Concurrent clients (each its own gRPC connection).
+    /// Key space and values: `flat` (`/bench/k/<i>`, `--value-bytes`) or `k8s` (pods under
+    /// `/registry/pods/<ns>/`, values of 1–4 KiB).
+    #[arg(long, value_enum, default_value = "flat")]
+    shape: Shape,
+    /// Concurrent clients (each its own gRPC connection); for `watch`, the connections the
+    /// watches are spread over.
     #[arg(long, default_value_t = 1)]
     clients: u64,
     /// How long the workload runs, seconds.
@@ -51,6 +79,7 @@ struct Args {
     /// Preloaded keys that reads and updates pick from.
     #[arg(long, default_value_t = 1000)]
     keys: u64,
+    /// Value size of the flat shape (and of `watch`).
     #[arg(long, default_value_t = 256)]
     value_bytes: usize,
     /// Page size of `list`.
@@ -59,12 +88,50 @@ struct Args {
     /// Serializable reads instead of linearizable ones.
     #[arg(long)]
     serializable: bool,
+    /// `watch`: watches on the prefix.
+    #[arg(long, default_value_t = 100)]
+    watchers: u64,
+    /// `watch`: puts per second of the writer.
+    #[arg(long, default_value_t = 200)]
+    rate: u64,
     /// The server's process id: its CPU time and peak RSS during the run are reported.
     #[arg(long)]
     server_pid: Option<u32>,
     /// A name for the system under test, printed first in the report line.
     #[arg(long, default_value = "")]
     label: String,
+}
+
+impl Args {
+    /// Refuses combinations that would measure nothing or something else than asked.
+    fn check(&self) -> Result<()> {
+        ensure!(self.clients > 0, "--clients must be at least 1");
+        ensure!(self.seconds > 0.0 && self.seconds.is_finite(), "--seconds must be a number more than 0");
+        if self.workload.reads_keys() {
+            ensure!(self.keys > 0, "--keys must be at least 1 for {}", name(self.workload));
+            ensure!(
+                self.keys <= self.shape.max_keys(),
+                "--keys must be at most {} with --shape {}",
+                self.shape.max_keys(),
+                name(self.shape)
+            );
+        }
+        ensure!(self.limit > 0 || self.workload != Workload::List, "--limit must be at least 1");
+        if matches!(self.workload, Workload::Put | Workload::Watch) {
+            ensure!(
+                self.shape == Shape::Flat,
+                "--shape {} does not apply to {} (use create for Kubernetes-shaped writes)",
+                name(self.shape),
+                name(self.workload)
+            );
+        }
+        if self.workload == Workload::Watch {
+            ensure!(self.watchers > 0, "--watchers must be at least 1");
+            ensure!(self.rate > 0, "--rate must be at least 1 put per second");
+            ensure!(self.watchers >= self.clients, "--watchers must be at least --clients (each connection watches)");
+        }
+        Ok(())
+    }
 }
 
 async fn connect(endpoint: &str) -> Result<etcd_client::Client> {
@@ -74,12 +141,17 @@ async fn connect(endpoint: &str) -> Result<etcd_client::Client> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    anyhow::ensure!(args.clients > 0, "--clients must be at least 1");
-    anyhow::ensure!(args.seconds > 0.0, "--seconds must be more than 0");
-    let params =
-        Params { keys: args.keys, value_bytes: args.value_bytes, limit: args.limit, serializable: args.serializable };
+    args.check()?;
+    let params = Params {
+        shape: args.shape,
+        keys: args.keys,
+        value_bytes: args.value_bytes,
+        limit: args.limit,
+        serializable: args.serializable,
+        run: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64,
+    };
     let first = connect(&args.endpoint).await?;
-    if args.workload != Workload::Put {
+    if args.workload.reads_keys() {
         let started = Instant::now();
         let written = workload::preload(&first, 64, &params).await?;
         if written > 0 {
@@ -94,33 +166,27 @@ async fn main() -> Result<()> {
         clients.push(connect(&args.endpoint).await?);
     }
     let before = args.server_pid.map(server::usage).transpose()?;
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(args.seconds);
-    let mut tasks = Vec::new();
-    for (id, c) in clients.into_iter().enumerate() {
-        let (p, id) = (params.clone(), id as u64);
-        tasks.push(match args.workload {
-            Workload::Put => tokio::spawn(workload::put(c, id, p, deadline)),
-            Workload::Get => tokio::spawn(workload::get(c, id, p, deadline)),
-            Workload::Cas => tokio::spawn(workload::cas(c, id, p, deadline)),
-            Workload::List => tokio::spawn(workload::list(c, id, p, deadline)),
-            Workload::Count => tokio::spawn(workload::count(c, id, p, deadline)),
-            Workload::Load => unreachable!("handled above"),
-        });
-    }
-    let mut stats = Stats::default();
-    for t in tasks {
-        stats.merge(t.await?);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
+    let (mut stats, elapsed, extra) = if args.workload == Workload::Watch {
+        let o = watch::run(clients, first, args.watchers, args.rate, args.value_bytes, args.seconds).await?;
+        (o.stats, o.elapsed, format!(" watchers={} rate={} puts={}", args.watchers, args.rate, o.puts))
+    } else {
+        let (stats, elapsed) = run_clients(args.workload, clients, &params, args.seconds).await?;
+        (stats, elapsed, String::new())
+    };
     let after = args.server_pid.map(server::usage).transpose()?;
+    let elapsed = elapsed.as_secs_f64();
+    // One line of key=value fields; bench/summarize.py parses it.
     let mut line = format!(
-        "label={} workload={} clients={} keys={} value_bytes={} seconds={elapsed:.1} ops={} ops_per_s={:.0} p50_ms={:.3} p99_ms={:.3} p999_ms={:.3} errors={} conflicts={}",
+        "label={} workload={} shape={} clients={} keys={} value_bytes={} seconds={elapsed:.1} ops={} ops_per_s={:.0} p50_ms={:.3} p99_ms={:.3} p999_ms={:.3} errors={} conflicts={}{extra}",
         if args.label.is_empty() { "-" } else { &args.label },
-        format!("{:?}", args.workload).to_lowercase(),
+        name(args.workload),
+        name(args.shape),
         args.clients,
-        args.keys,
-        args.value_bytes,
+        if args.workload.reads_keys() { args.keys } else { 0 },
+        match args.shape {
+            Shape::Flat => args.value_bytes.to_string(),
+            Shape::K8s => format!("{}-{}", keys::K8S_VALUE_BYTES.start(), keys::K8S_VALUE_BYTES.end()),
+        },
         stats.ops(),
         stats.ops() as f64 / elapsed,
         stats.percentile_ms(0.5),
@@ -130,14 +196,43 @@ async fn main() -> Result<()> {
         stats.conflicts,
     );
     if let (Some(b), Some(a)) = (before, after) {
+        let cpu_s = a.cpu_s - b.cpu_s;
+        let per_op = if stats.ops() > 0 { cpu_s * 1000.0 / stats.ops() as f64 } else { f64::NAN };
         line.push_str(&format!(
-            " server_cpu_s={:.2} server_cpu_ms_per_op={:.3} server_peak_rss_mib={:.1}",
-            a.cpu_s - b.cpu_s,
-            (a.cpu_s - b.cpu_s) * 1000.0 / stats.ops().max(1) as f64,
-            a.peak_rss_mib
+            " server_cpu_s={cpu_s:.2} server_cpu_ms_per_op={per_op:.3} server_peak_rss_mib={:.1} server_rss_anon_mib={:.1}",
+            a.peak_rss_mib, a.rss_anon_mib
         ));
     }
     println!("{line}");
-    anyhow::ensure!(stats.ops() > 0, "no operation succeeded ({} errors)", stats.errors);
+    ensure!(stats.ops() > 0, "no operation succeeded ({} errors)", stats.errors);
     Ok(())
+}
+
+/// Runs a request/response workload on every client until `seconds` have passed.
+async fn run_clients(
+    workload: Workload,
+    clients: Vec<etcd_client::Client>,
+    params: &Params,
+    seconds: f64,
+) -> Result<(Stats, Duration)> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::new();
+    for (id, c) in clients.into_iter().enumerate() {
+        let (p, id) = (params.clone(), id as u64);
+        tasks.push(match workload {
+            Workload::Put => tokio::spawn(workload::put(c, id, p, deadline)),
+            Workload::Create => tokio::spawn(workload::create(c, id, p, deadline)),
+            Workload::Get => tokio::spawn(workload::get(c, id, p, deadline)),
+            Workload::Cas => tokio::spawn(workload::cas(c, id, p, deadline)),
+            Workload::List => tokio::spawn(workload::list(c, id, p, deadline)),
+            Workload::Count => tokio::spawn(workload::count(c, id, p, deadline)),
+            Workload::Load | Workload::Watch => unreachable!("handled by the caller"),
+        });
+    }
+    let mut stats = Stats::default();
+    for t in tasks {
+        stats.merge(t.await?);
+    }
+    Ok((stats, started.elapsed()))
 }

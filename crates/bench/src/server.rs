@@ -9,6 +9,10 @@ pub struct Usage {
     pub cpu_s: f64,
     /// Peak resident set size (VmHWM), MiB.
     pub peak_rss_mib: f64,
+    /// Resident anonymous memory now (RssAnon), MiB: the process's own memory, without the
+    /// files it maps (etcd's bbolt file and kine-rs's SQLite file are mapped, and their cached
+    /// pages count in the RSS).
+    pub rss_anon_mib: f64,
 }
 
 pub fn usage(pid: u32) -> Result<Usage> {
@@ -22,13 +26,15 @@ pub fn usage(pid: u32) -> Result<Usage> {
     let cpu_s = (ticks(11) + ticks(12)) / hz;
     let status =
         std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("read /proc/{pid}/status"))?;
-    let peak_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    Ok(Usage { cpu_s, peak_rss_mib: peak_kib / 1024.0 })
+    let mib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0)
+    };
+    Ok(Usage { cpu_s, peak_rss_mib: mib("VmHWM:"), rss_anon_mib: mib("RssAnon:") })
 }
 
 #[cfg(test)]
@@ -37,6 +43,7 @@ mod tests {
     fn reads_this_process() {
         let u = super::usage(std::process::id()).unwrap();
         assert!(u.peak_rss_mib > 0.0);
+        assert!(u.rss_anon_mib > 0.0 && u.rss_anon_mib <= u.peak_rss_mib);
         assert!(u.cpu_s >= 0.0);
     }
 }

@@ -1,52 +1,34 @@
-//! The workloads. Every client runs one loop until the deadline; an operation's latency is
-//! recorded when it succeeds, an error is counted (and the client pauses briefly) otherwise.
+//! The request/response workloads. Every client runs one loop until the deadline; an
+//! operation's latency is recorded when it succeeds, an error is counted (and the client pauses
+//! briefly) otherwise. The watch workload is in `watch.rs`.
 
+use crate::keys::{Rng, Shape};
 use crate::stats::Stats;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
 pub struct Params {
-    /// Keys of the preloaded key space (`/bench/k/<i>`).
+    pub shape: Shape,
+    /// Keys of the preloaded key space (`shape.key(0..keys)`).
     pub keys: u64,
+    /// Value size of the flat shape.
     pub value_bytes: usize,
     /// List page size.
     pub limit: i64,
     pub serializable: bool,
+    /// This run's number, part of the keys that `create` makes (unique across runs).
+    pub run: u64,
 }
 
-/// Preloaded key `i`: zero-padded, so that key order is index order.
-pub fn key(i: u64) -> String {
-    format!("/bench/k/{i:09}")
-}
-
-pub const PREFIX: &str = "/bench/k/";
-
-/// The end of the prefix range (the prefix with its last byte incremented).
-pub fn prefix_end() -> String {
-    "/bench/k0".to_string()
-}
-
-/// A cheap, per-client pseudo-random sequence (xorshift), seeded by the client number.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+impl Params {
+    fn key(&self, i: u64) -> String {
+        self.shape.key(i)
     }
 
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
+    fn value(&self, key: u64, iteration: u64) -> Vec<u8> {
+        self.shape.value(self.value_bytes, key, iteration)
     }
-}
-
-fn value(bytes: usize, tag: u64) -> Vec<u8> {
-    let mut v = format!("{tag}:").into_bytes();
-    v.resize(bytes.max(v.len()), b'x');
-    v
 }
 
 async fn timed<T, E>(stats: &mut Stats, f: impl Future<Output = Result<T, E>>) -> Option<T> {
@@ -69,8 +51,29 @@ pub async fn put(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats 
     let mut stats = Stats::default();
     let mut i = 0;
     while Instant::now() < deadline {
-        let v = value(p.value_bytes, i);
-        timed(&mut stats, c.put(format!("/bench/p/{id}/{i}"), v, None)).await;
+        timed(&mut stats, c.put(format!("/bench/p/{id}/{i}"), p.value(i, id), None)).await;
+        i += 1;
+    }
+    stats
+}
+
+/// Creates of new keys, unique per client and run, the way kube-apiserver creates an object
+/// (etcd's `kubernetes.Client.OptimisticPut` with revision 0): a Txn that puts only if the
+/// key's mod revision is 0, i.e. it does not exist. Go kine accepts no other compare for a
+/// create (a create_revision compare fails there).
+pub async fn create(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats {
+    let mut stats = Stats::default();
+    let mut i = 0;
+    while Instant::now() < deadline {
+        let k = p.shape.new_key(p.run, id, i);
+        let put = TxnOp::put(k.as_str(), p.value(i, id), None);
+        let txn = Txn::new().when([Compare::mod_revision(k.as_str(), CompareOp::Equal, 0)]).and_then([put]);
+        // The keys are new: a failed compare means the bench reused one, which is an error.
+        if let Some(r) = timed(&mut stats, c.txn(txn)).await
+            && !r.succeeded()
+        {
+            stats.errors += 1;
+        }
         i += 1;
     }
     stats
@@ -81,7 +84,7 @@ pub async fn get(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats 
     let (mut stats, mut rng) = (Stats::default(), Rng::new(id + 1));
     let options = || p.serializable.then(|| GetOptions::new().with_serializable());
     while Instant::now() < deadline {
-        let k = key(rng.below(p.keys));
+        let k = p.key(rng.below(p.keys));
         if let Some(r) = timed(&mut stats, c.get(k, options())).await {
             stats.items += r.kvs().len() as u64;
         }
@@ -96,7 +99,8 @@ pub async fn cas(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats 
     let (mut stats, mut rng) = (Stats::default(), Rng::new(id + 1));
     let mut n = 0;
     while Instant::now() < deadline {
-        let k = key(rng.below(p.keys));
+        let i = rng.below(p.keys);
+        let k = p.key(i);
         n += 1;
         let start = Instant::now();
         let rev = match c.get(k.as_str(), None).await {
@@ -108,7 +112,7 @@ pub async fn cas(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats 
         };
         let txn = Txn::new()
             .when([Compare::mod_revision(k.as_str(), CompareOp::Equal, rev)])
-            .and_then([TxnOp::put(k.as_str(), value(p.value_bytes, n), None)])
+            .and_then([TxnOp::put(k.as_str(), p.value(i, n), None)])
             .or_else([TxnOp::get(k.as_str(), None)]);
         match c.txn(txn).await {
             Ok(r) => {
@@ -128,8 +132,8 @@ pub async fn cas(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats 
 pub async fn list(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats {
     let (mut stats, mut rng) = (Stats::default(), Rng::new(id + 1));
     while Instant::now() < deadline {
-        let from = key(rng.below(p.keys.saturating_sub(p.limit as u64).max(1)));
-        let mut options = GetOptions::new().with_range(prefix_end()).with_limit(p.limit);
+        let from = p.key(rng.below(p.keys.saturating_sub(p.limit as u64).max(1)));
+        let mut options = GetOptions::new().with_range(p.shape.prefix_end()).with_limit(p.limit);
         if p.serializable {
             options = options.with_serializable();
         }
@@ -148,7 +152,7 @@ pub async fn count(mut c: Client, _id: u64, p: Params, deadline: Instant) -> Sta
         if p.serializable {
             options = options.with_serializable();
         }
-        if let Some(r) = timed(&mut stats, c.get(PREFIX, Some(options))).await {
+        if let Some(r) = timed(&mut stats, c.get(p.shape.prefix(), Some(options))).await {
             stats.items = r.count() as u64;
         }
     }
@@ -158,23 +162,23 @@ pub async fn count(mut c: Client, _id: u64, p: Params, deadline: Instant) -> Sta
 /// Makes sure keys `0..keys` of the preloaded prefix exist (keys present already are skipped:
 /// a bigger load extends a smaller one). Returns how many were written.
 pub async fn preload(client: &Client, clients: u64, p: &Params) -> anyhow::Result<u64> {
-    let have =
-        client.clone().get(PREFIX, Some(GetOptions::new().with_prefix().with_count_only())).await?.count() as u64;
+    let count = GetOptions::new().with_prefix().with_count_only();
+    let have = client.clone().get(p.shape.prefix(), Some(count)).await?.count() as u64;
     if have >= p.keys {
         return Ok(0);
     }
     let mut tasks = Vec::new();
     for t in 0..clients {
         let mut c = client.clone();
-        let (size, keys) = (p.value_bytes, p.keys);
+        let p = p.clone();
         tasks.push(tokio::spawn(async move {
             let mut i = have + t;
-            while i < keys {
+            while i < p.keys {
                 let mut attempts = 0;
-                while let Err(e) = c.put(key(i), value(size, i), None::<PutOptions>).await {
+                while let Err(e) = c.put(p.key(i), p.value(i, 0), None::<PutOptions>).await {
                     attempts += 1;
                     if attempts > 20 {
-                        return Err(anyhow::anyhow!("preload {}: {e}", key(i)));
+                        return Err(anyhow::anyhow!("preload {}: {e}", p.key(i)));
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
