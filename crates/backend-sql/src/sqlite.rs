@@ -123,7 +123,7 @@ impl Backend for SqliteBackend {
             // Revisions from the same snapshot as the data.
             let (current, compacted) = schema::revisions(conn)?;
             let rev = range::read_revision(req.revision, current, compacted)?;
-            let mut view = SqlView { conn, revision: current, compacted };
+            let mut view = SqlView { conn, revision: current, compacted, appended: 0 };
             let value = range::execute(&mut view, &req, rev)?;
             Ok(Revisioned { revision: current, value })
         };
@@ -174,7 +174,7 @@ impl Backend for SqliteBackend {
         self.readers
             .read(move |conn| {
                 let (current, compacted) = schema::revisions(conn)?;
-                SqlView { conn, revision: current, compacted }.keys_with_lease(id, current)
+                SqlView { conn, revision: current, compacted, appended: 0 }.keys_with_lease(id, current)
             })
             .await
     }

@@ -11,6 +11,8 @@ pub struct SqlView<'c> {
     /// The last committed revision this view builds on (advances inside a write batch).
     pub revision: Revision,
     pub compacted: Revision,
+    /// The newest revision appended in this transaction so far (0: none).
+    pub appended: Revision,
 }
 
 /// SQL condition for `key` in `range` (table alias `t`), with its parameters.
@@ -50,10 +52,12 @@ fn backend_err(e: impl Into<anyhow::Error>, what: &'static str) -> kine_core::Er
 }
 
 impl SqlView<'_> {
-    /// Whether a read at `rev` sees the newest state, which `live` indexes (inside a write
-    /// transaction that includes what it appended so far).
+    /// Whether a read at `rev` sees the newest state, which `live` indexes. Inside a write
+    /// transaction `live` already holds what the transaction appended (at a revision above
+    /// `revision` while a request is being applied), so only a read at that revision may use
+    /// it; a Txn's Range at an earlier revision reads the log.
     fn newest(&self, rev: Revision) -> bool {
-        rev >= self.revision
+        rev >= self.revision.max(self.appended)
     }
 }
 
@@ -179,6 +183,7 @@ impl WriteView for SqlView<'_> {
     }
 
     fn append(&mut self, rev: Revision, index: usize, event: &Event) -> Result<()> {
+        self.appended = self.appended.max(rev);
         let kv = &event.kv;
         let deleted = event.kind == EventKind::Delete;
         self.conn

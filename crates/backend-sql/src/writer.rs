@@ -129,7 +129,7 @@ fn write_batch(conn: &mut Connection, shared: &Shared, batch: Vec<(WriteOp, Repl
     let mut published = Vec::new();
     let outcome = (|| -> anyhow::Result<Revision> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).context("begin write transaction")?;
-        let mut view = SqlView { conn: &tx, revision: base, compacted };
+        let mut view = SqlView { conn: &tx, revision: base, compacted, appended: 0 };
         for (op, _) in &batch {
             view.conn.execute_batch("SAVEPOINT op").context("open savepoint")?;
             match txn::apply(&mut view, op) {

@@ -318,7 +318,7 @@ impl Backend for MysqlBackend {
             .read(move |c| {
                 let (current, compacted, _) = schema::revisions(c)?;
                 let rev = range::read_revision(req.revision, current, compacted)?;
-                let mut view = MyView { conn: c, revision: current, compacted };
+                let mut view = MyView { conn: c, revision: current, compacted, appended: 0 };
                 let value = range::execute(&mut view, &req, rev)?;
                 Ok(Revisioned { revision: current, value })
             })
@@ -394,7 +394,7 @@ impl Backend for MysqlBackend {
         self.readers
             .read(move |c| {
                 let (current, compacted, _) = schema::revisions(c)?;
-                MyView { conn: c, revision: current, compacted }.keys_with_lease(id, current)
+                MyView { conn: c, revision: current, compacted, appended: 0 }.keys_with_lease(id, current)
             })
             .await
     }

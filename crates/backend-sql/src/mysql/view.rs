@@ -59,13 +59,17 @@ pub struct MyView<'v, C: Queryable> {
     /// The last committed revision this view builds on (advances inside a write batch).
     pub revision: Revision,
     pub compacted: Revision,
+    /// The newest revision appended in this transaction so far (0: none).
+    pub appended: Revision,
 }
 
 impl<C: Queryable> MyView<'_, C> {
-    /// Whether a read at `rev` sees the newest state, which `live` indexes (inside a write
-    /// transaction that includes what it appended so far).
+    /// Whether a read at `rev` sees the newest state, which `live` indexes. Inside a write
+    /// transaction `live` already holds what the transaction appended (at a revision above
+    /// `revision` while a request is being applied), so only a read at that revision may use
+    /// it; a Txn's Range at an earlier revision reads the log.
     fn newest(&self, rev: Revision) -> bool {
-        rev >= self.revision
+        rev >= self.revision.max(self.appended)
     }
 }
 
@@ -172,6 +176,7 @@ impl<C: Queryable> WriteView for MyView<'_, C> {
     }
 
     fn append(&mut self, rev: Revision, index: usize, event: &Event) -> Result<()> {
+        self.appended = self.appended.max(rev);
         let kv = &event.kv;
         if kv.key.len() > MAX_KEY_LEN {
             return Err(Error::InvalidArgument(format!(

@@ -106,7 +106,7 @@ fn write_batch(
             .context("lock the revision counter")?
             .context("meta row revision is missing")?;
         let compacted = schema::get(c, "compact_revision")?.context("meta row compact_revision is missing")?;
-        let mut view = MyView { conn: &mut *c, revision: base, compacted };
+        let mut view = MyView { conn: &mut *c, revision: base, compacted, appended: 0 };
         let mut lease_changes = false;
         for (op, _) in &batch {
             if let WriteOp::LeaseRevoke { id, expired: true } = op

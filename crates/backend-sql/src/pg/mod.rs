@@ -265,7 +265,7 @@ impl Backend for PostgresBackend {
             .read(move |tx| {
                 let (current, compacted) = schema::revisions(tx)?;
                 let rev = range::read_revision(req.revision, current, compacted)?;
-                let mut view = PgView { client: tx, revision: current, compacted };
+                let mut view = PgView { client: tx, revision: current, compacted, appended: 0 };
                 let value = range::execute(&mut view, &req, rev)?;
                 Ok(Revisioned { revision: current, value })
             })
@@ -352,7 +352,7 @@ impl Backend for PostgresBackend {
         self.readers
             .read(move |tx| {
                 let (current, compacted) = schema::revisions(tx)?;
-                PgView { client: tx, revision: current, compacted }.keys_with_lease(id, current)
+                PgView { client: tx, revision: current, compacted, appended: 0 }.keys_with_lease(id, current)
             })
             .await
     }

@@ -91,7 +91,7 @@ fn write_batch(conn: &mut postgres::Client, shared: &Shared, batch: Vec<(WriteOp
             .context("lock the revision counter")?
             .get(0);
         let compacted = schema::get(&mut tx, "compact_revision")?.context("meta row compact_revision is missing")?;
-        let mut view = PgView { client: &mut tx, revision: base, compacted };
+        let mut view = PgView { client: &mut tx, revision: base, compacted, appended: 0 };
         for (op, _) in &batch {
             if let WriteOp::LeaseRevoke { id, expired: true } = op
                 && renewed_elsewhere(view.client, shared, *id)?
