@@ -29,6 +29,17 @@ impl Default for PoolOptions {
     }
 }
 
+/// A permit to open one more pooled connection (`--datastore-max-open-connections`), waited
+/// for; `None` without a limit.
+pub async fn open_permit(
+    open: &Option<Arc<tokio::sync::Semaphore>>,
+) -> kine_core::Result<Option<tokio::sync::OwnedSemaphorePermit>> {
+    match open {
+        Some(s) => s.clone().acquire_owned().await.map(Some).map_err(|_| crate::writer::stopped()),
+        None => Ok(None),
+    }
+}
+
 /// State shared by a node's writer, its feed and the async side.
 pub struct Shared {
     /// The last revision this node's feed published.

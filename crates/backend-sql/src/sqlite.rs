@@ -3,7 +3,7 @@
 use crate::pool::ReadPool;
 use crate::schema;
 use crate::view::{self, SqlView};
-use crate::writer::{self, Job, Shared};
+use crate::writer::{self, Job, Shared, Writer, stopped};
 use anyhow::Context;
 use kine_core::backend::{Backend, BackendStatus, FEED_CAPACITY, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
@@ -12,9 +12,9 @@ use kine_core::view::WriteView;
 use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, range};
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::broadcast;
 
 #[derive(Clone, Debug)]
 pub struct SqliteOptions {
@@ -30,14 +30,10 @@ pub struct SqliteBackend {
     path: PathBuf,
     shared: Arc<Shared>,
     /// `None` once closed.
-    writer: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Writer,
     readers: Arc<ReadPool>,
     cluster_id: u64,
     member_id: u64,
-}
-
-fn stopped() -> Error {
-    Error::Unavailable("etcdserver: server stopped".into())
 }
 
 impl SqliteBackend {
@@ -61,7 +57,7 @@ impl SqliteBackend {
             readers: Arc::new(ReadPool::new(path.clone(), READERS_KEPT)),
             path,
             shared,
-            writer: Mutex::new(Some(writer)),
+            writer: Writer::new(writer),
             cluster_id: meta.cluster_id,
             member_id: meta.member_id,
         })
@@ -69,16 +65,6 @@ impl SqliteBackend {
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    async fn submit<T>(&self, job: impl FnOnce(oneshot::Sender<Result<T>>) -> Job) -> Result<T> {
-        let (tx, rx) = oneshot::channel();
-        {
-            let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let sender = writer.as_ref().ok_or_else(stopped)?;
-            sender.send(job(tx)).map_err(|_| stopped())?;
-        }
-        rx.await.map_err(|_| stopped())?
     }
 }
 
@@ -108,7 +94,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn revisions(&self) -> Result<Revisions> {
-        if self.writer.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+        if self.writer.is_stopped() {
             return Err(stopped());
         }
         Ok(Revisions {
@@ -135,11 +121,11 @@ impl Backend for SqliteBackend {
     }
 
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
-        self.submit(|reply| Job::Write(op, reply)).await
+        self.writer.submit(|reply| Job::Write(op, reply)).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
-        self.submit(|reply| Job::Compact(revision, reply)).await
+        self.writer.submit(|reply| Job::Compact(revision, reply)).await
     }
 
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
@@ -197,17 +183,11 @@ impl Backend for SqliteBackend {
     async fn defragment(&self) -> Result<()> {
         // Idle readers would keep the old file pages alive in their snapshots.
         self.readers.clear();
-        self.submit(Job::Defragment).await
+        self.writer.submit(Job::Defragment).await
     }
 
     async fn close(&self) {
-        let sender = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(sender) = sender {
-            let (tx, rx) = oneshot::channel();
-            if sender.send(Job::Close(tx)).is_ok() {
-                let _ = rx.await;
-            }
-        }
+        self.writer.close().await;
         self.readers.clear();
     }
 }

@@ -30,6 +30,46 @@ pub enum Job {
     Close(oneshot::Sender<()>),
 }
 
+/// The async side's handle on a writer thread: submits jobs, and stops it once.
+pub struct Writer(std::sync::Mutex<Option<mpsc::Sender<Job>>>);
+
+/// The answer of a backend that was closed.
+pub fn stopped() -> Error {
+    Error::Unavailable("etcdserver: server stopped".into())
+}
+
+impl Writer {
+    pub fn new(sender: mpsc::Sender<Job>) -> Writer {
+        Writer(std::sync::Mutex::new(Some(sender)))
+    }
+
+    fn sender(&self) -> std::sync::MutexGuard<'_, Option<mpsc::Sender<Job>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.sender().is_none()
+    }
+
+    /// Queues a job and waits for its answer (`Unavailable` once stopped).
+    pub async fn submit<T>(&self, job: impl FnOnce(oneshot::Sender<Result<T>>) -> Job) -> Result<T> {
+        let (tx, rx) = oneshot::channel();
+        self.sender().as_ref().ok_or_else(stopped)?.send(job(tx)).map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Lets the thread finish what is queued, then stops it; later jobs fail at once.
+    pub async fn close(&self) {
+        let sender = self.sender().take();
+        if let Some(sender) = sender {
+            let (tx, rx) = oneshot::channel();
+            if sender.send(Job::Close(tx)).is_ok() {
+                let _ = rx.await;
+            }
+        }
+    }
+}
+
 impl Job {
     /// Answers the job with `e` without running it.
     pub fn fail(self, e: Error) {

@@ -15,7 +15,7 @@ mod writer;
 
 use crate::pg::TlsFiles;
 use crate::remote::{PoolOptions, Shared};
-use crate::writer::Job;
+use crate::writer::{Job, Writer, stopped};
 use anyhow::Context;
 use dsn::{Address, Dsn, TlsParam};
 use kine_core::backend::{Backend, BackendStatus, LeaseUpdate, Revisions};
@@ -25,10 +25,10 @@ use kine_core::view::WriteView;
 use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, range};
 use mysql::prelude::Queryable;
 use pool::ReadPool;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::broadcast;
 use view::MyView;
 
 /// How long a read waits for this node's feed to publish what the database already holds.
@@ -160,10 +160,6 @@ pub fn unavailable(e: &anyhow::Error) -> Error {
     Error::Unavailable(format!("MySQL: {e:#}"))
 }
 
-fn stopped() -> Error {
-    Error::Unavailable("etcdserver: server stopped".into())
-}
-
 /// TLS from kine's flags and the DSN's `tls` parameter.
 fn tls_options(files: &TlsFiles, param: Option<TlsParam>) -> anyhow::Result<Option<mysql::SslOpts>> {
     let flags = files.ca_file.is_some() || files.cert_file.is_some() || files.key_file.is_some() || files.skip_verify;
@@ -201,7 +197,7 @@ fn tls_options(files: &TlsFiles, param: Option<TlsParam>) -> anyhow::Result<Opti
 
 pub struct MysqlBackend {
     shared: Arc<Shared>,
-    writer: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Writer,
     /// Wakes this node's feed.
     nudge: feed::Nudge,
     readers: Arc<ReadPool>,
@@ -252,22 +248,12 @@ impl MysqlBackend {
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "MySQL database open");
         Ok(MysqlBackend {
             shared,
-            writer: Mutex::new(Some(writer)),
+            writer: Writer::new(writer),
             nudge,
             readers: Arc::new(ReadPool::new(connector, options.pool)),
             cluster_id: meta.cluster_id,
             member_id: kine_core::id::random_nonzero(),
         })
-    }
-
-    async fn submit<T>(&self, job: impl FnOnce(oneshot::Sender<Result<T>>) -> Job) -> Result<T> {
-        let (tx, rx) = oneshot::channel();
-        {
-            let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let sender = writer.as_ref().ok_or_else(stopped)?;
-            sender.send(job(tx)).map_err(|_| stopped())?;
-        }
-        rx.await.map_err(|_| stopped())?
     }
 }
 
@@ -294,7 +280,7 @@ impl Backend for MysqlBackend {
     }
 
     async fn revisions(&self) -> Result<Revisions> {
-        if self.writer.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+        if self.writer.is_stopped() {
             return Err(stopped());
         }
         let (current, compacted, _) = self.readers.read(|c| Ok(schema::revisions(c)?)).await?;
@@ -326,11 +312,11 @@ impl Backend for MysqlBackend {
     }
 
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
-        self.submit(|reply| Job::Write(op, reply)).await
+        self.writer.submit(|reply| Job::Write(op, reply)).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
-        self.submit(|reply| Job::Compact(revision, reply)).await
+        self.writer.submit(|reply| Job::Compact(revision, reply)).await
     }
 
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
@@ -416,19 +402,13 @@ impl Backend for MysqlBackend {
     }
 
     async fn defragment(&self) -> Result<()> {
-        self.submit(Job::Defragment).await
+        self.writer.submit(Job::Defragment).await
     }
 
     async fn close(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.nudge.wake();
-        let sender = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(sender) = sender {
-            let (tx, rx) = oneshot::channel();
-            if sender.send(Job::Close(tx)).is_ok() {
-                let _ = rx.await;
-            }
-        }
+        self.writer.close().await;
         self.readers.clear();
     }
 }

@@ -83,12 +83,7 @@ impl ReadPool {
         self: &Arc<Self>,
         f: impl Fn(&mut mysql::Conn) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let permit = match &self.open {
-            Some(s) => Some(
-                s.clone().acquire_owned().await.map_err(|_| Error::Unavailable("etcdserver: server stopped".into()))?,
-            ),
-            None => None,
-        };
+        let permit = crate::remote::open_permit(&self.open).await?;
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
@@ -125,12 +120,7 @@ impl ReadPool {
         f: impl FnOnce(&mut mysql::Conn) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         use mysql::prelude::Queryable;
-        let permit = match &self.open {
-            Some(s) => Some(
-                s.clone().acquire_owned().await.map_err(|_| Error::Unavailable("etcdserver: server stopped".into()))?,
-            ),
-            None => None,
-        };
+        let permit = crate::remote::open_permit(&self.open).await?;
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;

@@ -15,7 +15,7 @@ mod view;
 mod writer;
 
 pub use crate::remote::{PoolOptions, Shared};
-use crate::writer::Job;
+use crate::writer::{Job, Writer, stopped};
 use anyhow::Context;
 use kine_core::backend::{Backend, BackendStatus, LeaseUpdate, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
@@ -25,11 +25,11 @@ use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, rang
 use pool::ReadPool;
 use postgres::types::Type;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 pub use tls::TlsFiles;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::broadcast;
 use view::PgView;
 
 /// How long a read waits for this node's feed to publish what the database already holds.
@@ -95,14 +95,10 @@ fn split_sslmode(url: &str) -> (Option<String>, String) {
 
 pub struct PostgresBackend {
     shared: Arc<Shared>,
-    writer: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Writer,
     readers: Arc<ReadPool>,
     cluster_id: u64,
     member_id: u64,
-}
-
-fn stopped() -> Error {
-    Error::Unavailable("etcdserver: server stopped".into())
 }
 
 /// The endpoint without its password, for messages.
@@ -169,21 +165,11 @@ impl PostgresBackend {
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "PostgreSQL database open");
         Ok(PostgresBackend {
             shared,
-            writer: Mutex::new(Some(writer)),
+            writer: Writer::new(writer),
             readers: Arc::new(ReadPool::new(connector, options.pool)),
             cluster_id: meta.cluster_id,
             member_id: kine_core::id::random_nonzero(),
         })
-    }
-
-    async fn submit<T>(&self, job: impl FnOnce(oneshot::Sender<Result<T>>) -> Job) -> Result<T> {
-        let (tx, rx) = oneshot::channel();
-        {
-            let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let sender = writer.as_ref().ok_or_else(stopped)?;
-            sender.send(job(tx)).map_err(|_| stopped())?;
-        }
-        rx.await.map_err(|_| stopped())?
     }
 }
 
@@ -244,7 +230,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn revisions(&self) -> Result<Revisions> {
-        if self.writer.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+        if self.writer.is_stopped() {
             return Err(stopped());
         }
         let (current, compacted) = self.readers.read(|tx| Ok(schema::revisions(tx)?)).await?;
@@ -273,11 +259,11 @@ impl Backend for PostgresBackend {
     }
 
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
-        self.submit(|reply| Job::Write(op, reply)).await
+        self.writer.submit(|reply| Job::Write(op, reply)).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
-        self.submit(|reply| Job::Compact(revision, reply)).await
+        self.writer.submit(|reply| Job::Compact(revision, reply)).await
     }
 
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
@@ -370,18 +356,12 @@ impl Backend for PostgresBackend {
     }
 
     async fn defragment(&self) -> Result<()> {
-        self.submit(Job::Defragment).await
+        self.writer.submit(Job::Defragment).await
     }
 
     async fn close(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
-        let sender = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(sender) = sender {
-            let (tx, rx) = oneshot::channel();
-            if sender.send(Job::Close(tx)).is_ok() {
-                let _ = rx.await;
-            }
-        }
+        self.writer.close().await;
         self.readers.clear();
     }
 }

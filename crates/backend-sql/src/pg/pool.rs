@@ -86,15 +86,7 @@ impl ReadPool {
         self: &Arc<Self>,
         f: impl Fn(&mut postgres::Client) -> kine_core::Result<T> + Send + 'static,
     ) -> kine_core::Result<T> {
-        let permit = match &self.open {
-            Some(s) => Some(
-                s.clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| kine_core::Error::Unavailable("etcdserver: server stopped".into()))?,
-            ),
-            None => None,
-        };
+        let permit = crate::remote::open_permit(&self.open).await?;
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
@@ -134,15 +126,7 @@ impl ReadPool {
         begin: &'static str,
         f: impl FnOnce(&mut postgres::Client) -> kine_core::Result<T> + Send + 'static,
     ) -> kine_core::Result<T> {
-        let permit = match &self.open {
-            Some(s) => Some(
-                s.clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| kine_core::Error::Unavailable("etcdserver: server stopped".into()))?,
-            ),
-            None => None,
-        };
+        let permit = crate::remote::open_permit(&self.open).await?;
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
