@@ -26,7 +26,7 @@ impl ReadPool {
             Connection::open_with_flags(&self.path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
                 .with_context(|| format!("open {} for reading", self.path.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))?;
-        crate::schema::map_file(&conn)?;
+        crate::schema::tune(&conn)?;
         Ok(conn)
     }
 
@@ -40,13 +40,8 @@ impl ReadPool {
     /// Runs `f` inside one read transaction on this thread: for reads that take microseconds
     /// (one key), where the hop to a blocking thread and back costs more than the read.
     pub fn read_here<T>(&self, f: impl FnOnce(&Connection) -> kine_core::Result<T>) -> kine_core::Result<T> {
-        let mut conn = self.take()?;
-        let result = {
-            let tx = conn.transaction().context("begin read transaction")?;
-            let result = f(&tx);
-            tx.finish().context("end read transaction")?;
-            result
-        };
+        let conn = self.take()?;
+        let result = snapshot(&conn, f)?;
         self.give_back(conn);
         result
     }
@@ -58,13 +53,8 @@ impl ReadPool {
     ) -> kine_core::Result<T> {
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
-            let mut conn = pool.take()?;
-            let result = {
-                let tx = conn.transaction().context("begin read transaction")?;
-                let result = f(&tx);
-                tx.finish().context("end read transaction")?;
-                result
-            };
+            let conn = pool.take()?;
+            let result = snapshot(&conn, f)?;
             pool.give_back(conn);
             result
         })
@@ -75,4 +65,17 @@ impl ReadPool {
     pub fn clear(&self) {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
+}
+
+/// Runs `f` inside one read transaction. The outer error: the transaction could not begin or
+/// end, and the connection must not be reused; the inner one is `f`'s answer. BEGIN and COMMIT
+/// are cached statements (rusqlite's `transaction()` compiles both every time).
+fn snapshot<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> kine_core::Result<T>,
+) -> kine_core::Result<kine_core::Result<T>> {
+    conn.prepare_cached("BEGIN").and_then(|mut s| s.execute([])).context("begin read transaction")?;
+    let result = f(conn);
+    conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([])).context("end read transaction")?;
+    Ok(result)
 }

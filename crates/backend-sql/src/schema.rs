@@ -15,9 +15,15 @@ use anyhow::{Context, Result};
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// 2: the `live` table (version 1 databases get it at start-up).
-pub const SCHEMA_VERSION: i64 = 2;
+/// 3: `kv` is a rowid table with a unique `(mod_revision, sub)` index instead of a table
+/// clustered on that key (`WITHOUT ROWID`): a Kubernetes object (1–4 KiB) does not fit in a
+/// b-tree cell, and SQLite compares a clustered key by reading the whole overflowing record, so
+/// every seek into the old table copied whole values (a page of 500 objects: 3.5 ms → 0.7 ms
+/// of SQL; the file is 24 % smaller). Version 1 and 2 databases are rebuilt at start-up.
+pub const SCHEMA_VERSION: i64 = 3;
 
-const DDL: &str = "
+/// Every table, created when missing (a new database gets schema 3 at once).
+const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS kv (
     mod_revision    INTEGER NOT NULL,
     sub             INTEGER NOT NULL,
@@ -26,11 +32,8 @@ CREATE TABLE IF NOT EXISTS kv (
     version         INTEGER NOT NULL,
     lease           INTEGER NOT NULL,
     deleted         INTEGER NOT NULL,
-    value           BLOB    NOT NULL,
-    PRIMARY KEY (mod_revision, sub)
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS kv_key_revision ON kv (key, mod_revision, sub);
-CREATE INDEX IF NOT EXISTS kv_lease ON kv (lease) WHERE lease != 0;
+    value           BLOB    NOT NULL
+);
 CREATE TABLE IF NOT EXISTS live (
     key          BLOB    PRIMARY KEY,
     mod_revision INTEGER NOT NULL,
@@ -38,6 +41,35 @@ CREATE TABLE IF NOT EXISTS live (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL);
+";
+
+/// The indexes of `kv`, created after the table is filled when it is rebuilt.
+const INDEXES: &str = "
+CREATE UNIQUE INDEX IF NOT EXISTS kv_revision ON kv (mod_revision, sub);
+CREATE UNIQUE INDEX IF NOT EXISTS kv_key_revision ON kv (key, mod_revision, sub);
+CREATE INDEX IF NOT EXISTS kv_lease ON kv (lease) WHERE lease != 0;
+";
+
+/// Schema 1 or 2 → 3: `kv`, a `WITHOUT ROWID` table there, copied into a rowid table (in
+/// revision order); its indexes are created again by `INDEXES`.
+const REBUILD_KV: &str = "
+DROP INDEX IF EXISTS kv_key_revision;
+DROP INDEX IF EXISTS kv_lease;
+ALTER TABLE kv RENAME TO kv_schema_2;
+CREATE TABLE kv (
+    mod_revision    INTEGER NOT NULL,
+    sub             INTEGER NOT NULL,
+    key             BLOB    NOT NULL,
+    create_revision INTEGER NOT NULL,
+    version         INTEGER NOT NULL,
+    lease           INTEGER NOT NULL,
+    deleted         INTEGER NOT NULL,
+    value           BLOB    NOT NULL
+);
+INSERT INTO kv (mod_revision, sub, key, create_revision, version, lease, deleted, value)
+SELECT mod_revision, sub, key, create_revision, version, lease, deleted, value FROM kv_schema_2
+ORDER BY mod_revision, sub;
+DROP TABLE kv_schema_2;
 ";
 
 /// Fills `live` from the log (schema 1 → 2).
@@ -59,14 +91,24 @@ pub fn configure(conn: &Connection) -> Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL").context("enable WAL")?;
     conn.pragma_update(None, "synchronous", "FULL").context("set synchronous=FULL")?;
     conn.pragma_update(None, "foreign_keys", "OFF").context("set foreign_keys")?;
-    map_file(conn)
+    tune(conn)
 }
 
+/// Settings of every connection, the read pool's too.
+///
 /// Reads map the database file instead of copying each page through pread (a page of 500
 /// objects spent most of its time in the kernel copying pages). Address space only: pages are
-/// resident while the OS keeps them cached. Every connection, the read pool's too.
-pub fn map_file(conn: &Connection) -> Result<()> {
+/// resident while the OS keeps them cached.
+///
+/// Plans never depend on bound values (SQLite's query planner stability guarantee). Without
+/// it, planning any query on `kv` asks whether its parameters make the partial index
+/// `kv_lease` usable, which marks the statement as value-dependent, and SQLite then compiles
+/// it again every time it is reused: a single-key read spent 12.6 µs instead of 2.2 µs, most
+/// of it in the parser and planner. Queries meant for `kv_lease` state `lease != 0` themselves.
+pub fn tune(conn: &Connection) -> Result<()> {
     conn.pragma_update(None, "mmap_size", MMAP_BYTES).context("set mmap_size")?;
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .context("enable the query planner stability guarantee")?;
     Ok(())
 }
 
@@ -82,8 +124,9 @@ pub struct Meta {
 pub fn init(conn: &mut Connection) -> Result<Meta> {
     let tx =
         conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).context("begin schema transaction")?;
-    tx.execute_batch(DDL).context("create schema")?;
+    tx.execute_batch(TABLES).context("create schema")?;
     let version = get(&tx, "schema_version")?;
+    let mut rebuilt = false;
     match version {
         None => {
             set(&tx, "schema_version", SCHEMA_VERSION)?;
@@ -94,17 +137,38 @@ pub fn init(conn: &mut Connection) -> Result<Meta> {
             set(&tx, "member_id", kine_core::id::random_nonzero() as i64)?;
         }
         Some(SCHEMA_VERSION) => {}
-        Some(1) => {
-            tx.execute_batch(FILL_LIVE).context("migrate to schema 2: fill the live table")?;
+        Some(old @ (1 | 2)) => {
+            if old == 1 {
+                tx.execute_batch(FILL_LIVE).context("migrate to schema 2: fill the live table")?;
+            }
+            let started = std::time::Instant::now();
+            tx.execute_batch(REBUILD_KV).context("migrate to schema 3: rebuild the kv table")?;
             set(&tx, "schema_version", SCHEMA_VERSION)?;
-            tracing::info!("SQLite schema migrated to version 2 (live-key index)");
+            rebuilt = true;
+            tracing::info!(
+                from = old,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "SQLite schema migrated to version 3 (live-key index, kv as a rowid table)"
+            );
         }
         Some(other) => {
             anyhow::bail!("database schema version {other} is not supported (this kine-rs knows {SCHEMA_VERSION})")
         }
     }
+    tx.execute_batch(INDEXES).context("create the kv indexes")?;
     let meta = read_meta(&tx)?;
     tx.commit().context("commit schema")?;
+    if rebuilt {
+        // The old table's pages are free now: give them back (the file would otherwise keep
+        // twice the data's size), and empty the WAL that the copy filled.
+        let started = std::time::Instant::now();
+        conn.execute_batch("VACUUM").context("VACUUM after the migration")?;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).context("checkpoint after the migration")?;
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "SQLite database compacted after the migration"
+        );
+    }
     Ok(meta)
 }
 

@@ -140,12 +140,13 @@ impl WriteView for SqlView<'_> {
             (
                 "SELECT k.key FROM kv k JOIN live c ON c.key = k.key AND c.mod_revision = k.mod_revision
                    AND c.sub = k.sub
-                 WHERE k.lease = ?1 ORDER BY k.key",
+                 WHERE k.lease = ?1 AND k.lease != 0 ORDER BY k.key",
                 vec![lease],
             )
         } else {
             (
-                "SELECT k.key FROM kv k WHERE k.lease = ?1 AND k.mod_revision <= ?2 AND k.deleted = 0 AND
+                "SELECT k.key FROM kv k WHERE k.lease = ?1 AND k.lease != 0 AND k.mod_revision <= ?2
+                   AND k.deleted = 0 AND
                    NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= ?2
                                AND (n.mod_revision, n.sub) > (k.mod_revision, k.sub))
                  ORDER BY k.key",

@@ -23,7 +23,8 @@ pub trait WriteView: ReadView {
     fn revision(&self) -> Revision;
     /// The revision the store is compacted to (reads below it fail).
     fn compact_revision(&self) -> Revision;
-    /// Keys whose latest live version is attached to `lease`, as of `revision`.
+    /// Keys whose latest live version is attached to `lease` (never 0, "no lease"), as of
+    /// `revision`.
     fn keys_with_lease(&mut self, lease: LeaseId, revision: Revision) -> Result<Vec<Vec<u8>>>;
     /// The TTL of a granted lease, if it exists.
     fn lease(&mut self, id: LeaseId) -> Result<Option<i64>>;

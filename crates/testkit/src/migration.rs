@@ -1,7 +1,7 @@
-//! A database written before the `live` index existed (schema 1) is migrated when a node
-//! opens it: lists, counts and historical reads answer as before, and writes go on.
-//! `downgrade` turns a freshly written database back into schema 1 (drops `live`, sets
-//! `schema_version` to 1), the way such a database looks.
+//! A database written by an older schema is migrated when a node opens it: lists, counts and
+//! historical reads answer as before, and writes go on. `downgrade` turns a freshly written
+//! database back into the older schema (for schema 1: drops `live`, sets `schema_version` to
+//! 1), the way such a database looks.
 
 use crate::contract::{prefix, put, store};
 use kine_core::backend::Backend;
