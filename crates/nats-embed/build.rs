@@ -1,5 +1,6 @@
-//! Builds the Go shim around nats-server (`go/`) into a static library with
-//! `go build -buildmode=c-archive`. The nats-server version is pinned in `go/go.mod`.
+//! Builds the Go shim around nats-server (`go/`) into a shared library with
+//! `go build -buildmode=c-shared`, which `src/ffi.rs` keeps inside the binary and loads on first
+//! use. The nats-server version is pinned in `go/go.mod`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -22,9 +23,9 @@ fn main() {
     }
     let mut cmd = Command::new(&go);
     cmd.current_dir(&go_dir)
-        .args(["build", "-buildmode=c-archive", "-trimpath", "-mod=readonly", "-tags", "netgo,osusergo"])
+        .args(["build", "-buildmode=c-shared", "-trimpath", "-mod=readonly", "-tags", "netgo,osusergo"])
         .args(["-ldflags=-s -w", "-o"])
-        .arg(out.join("libkinenats.a"))
+        .arg(out.join("libkinenats.so"))
         .arg(".")
         .env("CGO_ENABLED", "1");
     if std::env::var_os("HOME").is_none() && std::env::var_os("GOCACHE").is_none() {
@@ -33,8 +34,6 @@ fn main() {
     }
     let status = cmd.status().unwrap_or_else(|e| panic!("cannot run `{go} build`: {e}\n{NO_GO}"));
     if !status.success() {
-        panic!("`{go} build -buildmode=c-archive` of the embedded nats-server failed ({status}); see the output above");
+        panic!("`{go} build -buildmode=c-shared` of the embedded nats-server failed ({status}); see the output above");
     }
-    println!("cargo:rustc-link-search=native={}", out.display());
-    println!("cargo:rustc-link-lib=static=kinenats");
 }

@@ -129,6 +129,28 @@ async fn bare_nats_url_runs_an_embedded_server() {
     assert_eq!((got.header().unwrap().revision(), got.kvs()[0].value()), (2, &b"1"[..]));
 }
 
+/// The process's memory mappings of the embedded server's library (`ffi.rs` loads it from an
+/// anonymous memory file of that name).
+fn go_library_mappings(pid: u32) -> usize {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read /proc/PID/maps");
+    maps.lines().filter(|l| l.contains("memfd:kine-rs-nats-server")).count()
+}
+
+/// The Go runtime and nats-server are loaded only by a process that runs the embedded server:
+/// on any other datastore the default build carries them but never starts them.
+#[tokio::test]
+async fn the_go_runtime_is_loaded_only_for_the_embedded_server() {
+    let (sqlite, _dir) = common::sqlite_server(&[]);
+    sqlite.client().await.put("a", "1", None).await.unwrap();
+    assert_eq!(go_library_mappings(sqlite.child.id()), 0, "SQLite loaded the nats-server library");
+
+    let dir = TempDir::new("embedded-load");
+    let store = format!("nats://?dataDir={}", dir.path().join("nats").display());
+    let embedded = Server::start(&["--endpoint", &store]);
+    embedded.client().await.put("a", "1", None).await.unwrap();
+    assert!(go_library_mappings(embedded.child.id()) > 0, "the embedded server runs without its library?");
+}
+
 /// `syncAlways` makes the embedded JetStream fsync every write before it acknowledges it.
 /// Values as large as etcd takes are stored (1.4 MB: the embedded server's max_payload is
 /// raised for them); a larger request gets etcd's own answer, and nothing is written.

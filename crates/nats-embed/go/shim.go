@@ -1,5 +1,5 @@
-// Package main is the C-callable shim around nats-server that kine-rs links in as a static
-// library (go build -buildmode=c-archive). One server per process; every function is safe to
+// Package main is the C-callable shim around nats-server that kine-rs carries as a shared
+// library (go build -buildmode=c-shared) and loads when it starts the embedded server. One server per process; every function is safe to
 // call from any thread. Strings returned to Rust are C strings that Rust frees with
 // KineNatsFree.
 package main

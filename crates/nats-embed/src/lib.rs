@@ -1,5 +1,6 @@
-//! The real nats-server, linked into the process as a Go static library (see `build.rs` and
-//! `go/shim.go`). One server per process, for the life of the process.
+//! The real nats-server, built into the binary as a Go shared library and loaded when the
+//! server is first started (see `build.rs`, `src/ffi.rs` and `go/shim.go`). One server per
+//! process, for the life of the process.
 //!
 //! Everything here blocks (it waits on Go); call it from a blocking context.
 
