@@ -22,8 +22,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 /// of SQL; the file is 24 % smaller). Version 1 and 2 databases are rebuilt at start-up.
 pub const SCHEMA_VERSION: i64 = 3;
 
-/// Every table, created when missing (a new database gets schema 3 at once).
-const TABLES: &str = "
+/// The `kv` table of schema 3 (created when missing), for a new database and for the rebuild.
+macro_rules! kv_table {
+    () => {
+        "
 CREATE TABLE IF NOT EXISTS kv (
     mod_revision    INTEGER NOT NULL,
     sub             INTEGER NOT NULL,
@@ -34,6 +36,14 @@ CREATE TABLE IF NOT EXISTS kv (
     deleted         INTEGER NOT NULL,
     value           BLOB    NOT NULL
 );
+"
+    };
+}
+
+/// Every table, created when missing (a new database gets schema 3 at once).
+const TABLES: &str = concat!(
+    kv_table!(),
+    "
 CREATE TABLE IF NOT EXISTS live (
     key          BLOB    PRIMARY KEY,
     mod_revision INTEGER NOT NULL,
@@ -41,7 +51,8 @@ CREATE TABLE IF NOT EXISTS live (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL);
-";
+"
+);
 
 /// The indexes of `kv`, created after the table is filled when it is rebuilt.
 const INDEXES: &str = "
@@ -52,25 +63,20 @@ CREATE INDEX IF NOT EXISTS kv_lease ON kv (lease) WHERE lease != 0;
 
 /// Schema 1 or 2 → 3: `kv`, a `WITHOUT ROWID` table there, copied into a rowid table (in
 /// revision order); its indexes are created again by `INDEXES`.
-const REBUILD_KV: &str = "
+const REBUILD_KV: &str = concat!(
+    "
 DROP INDEX IF EXISTS kv_key_revision;
 DROP INDEX IF EXISTS kv_lease;
 ALTER TABLE kv RENAME TO kv_schema_2;
-CREATE TABLE kv (
-    mod_revision    INTEGER NOT NULL,
-    sub             INTEGER NOT NULL,
-    key             BLOB    NOT NULL,
-    create_revision INTEGER NOT NULL,
-    version         INTEGER NOT NULL,
-    lease           INTEGER NOT NULL,
-    deleted         INTEGER NOT NULL,
-    value           BLOB    NOT NULL
-);
+",
+    kv_table!(),
+    "
 INSERT INTO kv (mod_revision, sub, key, create_revision, version, lease, deleted, value)
 SELECT mod_revision, sub, key, create_revision, version, lease, deleted, value FROM kv_schema_2
 ORDER BY mod_revision, sub;
 DROP TABLE kv_schema_2;
-";
+"
+);
 
 /// Fills `live` from the log (schema 1 → 2).
 pub const FILL_LIVE: &str = "
