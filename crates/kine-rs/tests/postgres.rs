@@ -84,3 +84,27 @@ async fn tls_with_a_client_certificate() {
     ]));
     assert!(!ok && stderr.to_lowercase().contains("certificate"), "{stderr}");
 }
+
+/// PostgreSQL's B-tree limit is an error naming the datastore's key limit (InvalidArgument),
+/// never an internal error, and a Txn holding such a put writes nothing.
+#[tokio::test]
+async fn a_key_longer_than_the_index_holds_is_refused_by_name() {
+    let pg = PgServer::start();
+    let node = Server::start(&["--endpoint", &pg.url("keys")]);
+    let mut c = node.client().await;
+    // Bytes that do not compress, as PostgreSQL would otherwise fit some longer keys.
+    let key = |len: usize| -> Vec<u8> { (0..len).map(|i| (i.wrapping_mul(2654435761) >> 7) as u8).collect() };
+    let e = c.put(key(2601), "v", None).await.unwrap_err();
+    let etcd_client::Error::GRpcStatus(status) = &e else { panic!("{e}") };
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(status.message().contains("the PostgreSQL datastore stores keys of at most 2600 bytes"), "{e}");
+    let before = c.get("any", None).await.unwrap().header().unwrap().revision();
+    let txn = etcd_client::Txn::new()
+        .and_then([etcd_client::TxnOp::put("short", "v", None), etcd_client::TxnOp::put(key(3000), "v", None)]);
+    let e = c.txn(txn).await.unwrap_err();
+    assert!(e.to_string().contains("at most 2600 bytes"), "{e}");
+    let after = c.get("short", None).await.unwrap();
+    assert_eq!((after.header().unwrap().revision(), after.kvs().len()), (before, 0), "the Txn wrote nothing");
+    c.put(key(2600), "v", None).await.unwrap();
+    assert_eq!(c.get(key(2600), None).await.unwrap().kvs()[0].value(), b"v");
+}

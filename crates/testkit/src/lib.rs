@@ -26,9 +26,14 @@ pub fn sqlite(dir: &Path) -> Arc<dyn Backend> {
 
 /// A PostgreSQL backend on database `db` of `server` (created if missing).
 pub fn postgres(server: &postgres::PgServer, db: &str) -> Arc<dyn Backend> {
+    postgres_at(server.url(db))
+}
+
+/// A PostgreSQL backend at `url` (e.g. a server's URL with more parameters).
+pub fn postgres_at(url: String) -> Arc<dyn Backend> {
     Arc::new(
         kine_backend_sql::PostgresBackend::open(kine_backend_sql::PostgresOptions {
-            url: server.url(db),
+            url,
             pool: Default::default(),
             tls: Default::default(),
         })

@@ -3,6 +3,7 @@
 //! order, from one snapshot, and publishes them. It also polls once a second, in case a
 //! notification is lost with a connection.
 
+use super::conn::Conn;
 use super::view;
 use super::{Connector, Shared};
 use anyhow::Context;
@@ -21,13 +22,13 @@ pub fn spawn(connector: Connector, shared: Arc<Shared>) -> std::io::Result<()> {
 }
 
 fn run(connector: Connector, shared: Arc<Shared>) {
-    let mut client: Option<postgres::Client> = None;
+    let mut client: Option<Conn> = None;
     let mut failing = false;
     while !shared.closed.load(Ordering::SeqCst) {
         if client.as_ref().is_none_or(|c| c.is_closed()) {
-            client = match connector.connect().and_then(|mut c| {
-                c.batch_execute("LISTEN kine_rs; LISTEN kine_rs_lease").context("LISTEN")?;
-                refresh_leases(&mut c, &shared)?;
+            client = match connector.open().and_then(|mut c| {
+                c.client().batch_execute("LISTEN kine_rs; LISTEN kine_rs_lease").context("LISTEN")?;
+                refresh_leases(c.client(), &shared)?;
                 Ok(c)
             }) {
                 Ok(c) => Some(c),
@@ -62,7 +63,7 @@ fn run(connector: Connector, shared: Arc<Shared>) {
             }
         }
         // Wait for a commit (of any node), then take every notification already there.
-        let mut notes = conn.notifications();
+        let mut notes = conn.client().notifications();
         if let Ok(Some(n)) = notes.timeout_iter(POLL).next() {
             lease_note(&shared, n.channel(), n.payload());
         }
@@ -73,18 +74,22 @@ fn run(connector: Connector, shared: Arc<Shared>) {
 }
 
 /// Publishes every revision after the published one, up to the database's current revision.
-fn catch_up(conn: &mut postgres::Client, shared: &Shared) -> anyhow::Result<()> {
+fn catch_up(conn: &mut Conn, shared: &Shared) -> anyhow::Result<()> {
     let published = shared.current.load(Ordering::SeqCst);
-    let mut tx = conn
-        .build_transaction()
-        .isolation_level(postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
+    conn.client()
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .context("begin feed transaction")?;
-    let (current, compacted) = super::schema::revisions(&mut tx)?;
-    let events =
-        if current > published { view::events(&mut tx, &KeyRange::all(), published, current)? } else { Vec::new() };
-    tx.commit().context("end feed transaction")?;
+    let read = (|| -> anyhow::Result<_> {
+        let (current, compacted) = super::schema::revisions(conn)?;
+        let events =
+            if current > published { view::events(conn, &KeyRange::all(), published, current)? } else { Vec::new() };
+        Ok((current, compacted, events))
+    })();
+    // A failed read must not leave its transaction open on this connection.
+    let end = if read.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = conn.client().batch_execute(end).context("end feed transaction");
+    let (current, compacted, events) = read?;
+    ended?;
     shared.publish(published, current, compacted, events);
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! - `revisions()` reads the database's revision and waits until the feed has published it,
 //!   so a watch started after an acknowledged write on any node never misses or repeats it.
 
+mod conn;
 mod feed;
 mod pool;
 mod schema;
@@ -17,6 +18,7 @@ mod writer;
 pub use crate::remote::{PoolOptions, Shared};
 use crate::writer::{Job, Writer, stopped};
 use anyhow::Context;
+use conn::Sql;
 use kine_core::backend::{Backend, BackendStatus, LeaseUpdate, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
 use kine_core::txn::{WriteOp, WriteResponse};
@@ -63,6 +65,8 @@ impl std::fmt::Debug for PostgresOptions {
 pub struct Connector {
     config: postgres::Config,
     tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    /// Statements kept prepared per connection (0: sent unnamed), see `conn.rs`.
+    statement_cache: usize,
 }
 
 impl Connector {
@@ -72,6 +76,11 @@ impl Connector {
             None => self.config.connect(postgres::NoTls),
         }
         .context("connect to PostgreSQL")
+    }
+
+    /// A connection that keeps its statements prepared (as the URL allows).
+    pub fn open(&self) -> anyhow::Result<conn::Conn> {
+        Ok(conn::Conn::new(self.connect()?, self.statement_cache))
     }
 }
 
@@ -126,6 +135,7 @@ impl PostgresBackend {
         let shown = redact(&options.url);
         let url = options.url.replacen("postgresql://", "postgres://", 1);
         let (sslmode, url) = split_sslmode(&url);
+        let (statement_cache, url) = conn::split_cache_params(&url).with_context(|| format!("--endpoint {shown}"))?;
         let mut config =
             postgres::Config::from_str(&url).with_context(|| format!("--endpoint {shown}: invalid URL"))?;
         if config.get_connect_timeout().is_none() {
@@ -136,7 +146,7 @@ impl PostgresBackend {
             // TLS asked for is TLS or nothing (the library's default would fall back to plain).
             config.ssl_mode(postgres::config::SslMode::Require);
         }
-        let connector = Connector { config, tls };
+        let connector = Connector { config, tls, statement_cache };
         // A database that is starting (or not reachable yet) gets a while; a refusal (wrong
         // password, no such role) does not.
         let started = std::time::Instant::now();
@@ -288,7 +298,7 @@ impl Backend for PostgresBackend {
             .readers
             .read(|tx| {
                 let rows =
-                    tx.query_typed("SELECT id, ttl, renewals FROM lease ORDER BY id", &[]).context("list leases")?;
+                    tx.query_rows("SELECT id, ttl, renewals FROM lease ORDER BY id", &[]).context("list leases")?;
                 Ok(rows
                     .iter()
                     .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)))
@@ -308,7 +318,7 @@ impl Backend for PostgresBackend {
             .readers
             .write(move |tx| {
                 let row = tx
-                    .query_typed_opt(
+                    .query_maybe(
                         "UPDATE lease SET renewals = renewals + 1 WHERE id = $1 RETURNING renewals",
                         &[(&id, Type::INT8)],
                     )
@@ -316,7 +326,7 @@ impl Backend for PostgresBackend {
                 let Some(row) = row else { return Ok(None) };
                 let renewals: i64 = row.get(0);
                 let payload = format!("renew {id} {ttl} {renewals}");
-                tx.execute_typed("SELECT pg_notify('kine_rs_lease', $1)", &[(&payload, Type::TEXT)])
+                tx.execute_sql("SELECT pg_notify('kine_rs_lease', $1)", &[(&payload, Type::TEXT)])
                     .context("announce lease renewal")?;
                 Ok(Some(renewals))
             })
@@ -347,7 +357,7 @@ impl Backend for PostgresBackend {
         self.readers
             .read(|tx| {
                 let size: i64 = tx
-                    .query_typed_one("SELECT pg_database_size(current_database())", &[])
+                    .query_row("SELECT pg_database_size(current_database())", &[])
                     .context("read the database size")?
                     .get(0);
                 Ok(BackendStatus { db_size: size, db_size_in_use: size })

@@ -1,7 +1,9 @@
 //! Pooled PostgreSQL connections for reads (one REPEATABLE READ, read-only transaction each:
 //! one consistent snapshot) and small bookkeeping writes, run on blocking threads. Limits are
-//! kine's pool flags (`PoolOptions`). A broken connection is dropped, never reused.
+//! kine's pool flags (`PoolOptions`). A broken connection is dropped, never reused; each keeps
+//! its prepared statements (`conn.rs`).
 
+use super::conn::Conn;
 use super::{Connector, PoolOptions};
 use anyhow::Context;
 use std::sync::{Arc, Mutex};
@@ -9,7 +11,7 @@ use std::time::Instant;
 use tokio::sync::Semaphore;
 
 struct Pooled {
-    client: postgres::Client,
+    conn: Conn,
     opened: Instant,
     idle_since: Instant,
 }
@@ -29,7 +31,7 @@ impl ReadPool {
     }
 
     fn expired(&self, p: &Pooled, now: Instant) -> bool {
-        p.client.is_closed()
+        p.conn.is_closed()
             || self.options.max_lifetime.is_some_and(|l| now.duration_since(p.opened) >= l)
             || self.options.max_idle_time.is_some_and(|l| now.duration_since(p.idle_since) >= l)
     }
@@ -41,7 +43,7 @@ impl ReadPool {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             loop {
                 match idle.pop() {
-                    Some(p) if self.expired(&p, now) => stale.push(p.client),
+                    Some(p) if self.expired(&p, now) => stale.push(p.conn),
                     other => break other,
                 }
             }
@@ -50,11 +52,9 @@ impl ReadPool {
         match found {
             Some(p) => Ok(p),
             None => {
-                let client = self
-                    .connector
-                    .connect()
-                    .map_err(|e| kine_core::Error::Unavailable(format!("PostgreSQL: {e:#}")))?;
-                Ok(Pooled { client, opened: now, idle_since: now })
+                let conn =
+                    self.connector.open().map_err(|e| kine_core::Error::Unavailable(format!("PostgreSQL: {e:#}")))?;
+                Ok(Pooled { conn, opened: now, idle_since: now })
             }
         }
     }
@@ -74,7 +74,7 @@ impl ReadPool {
     /// Runs `f` in one REPEATABLE READ, read-only transaction.
     pub async fn read<T: Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&mut postgres::Client) -> kine_core::Result<T> + Send + 'static,
+        f: impl FnOnce(&mut Conn) -> kine_core::Result<T> + Send + 'static,
     ) -> kine_core::Result<T> {
         self.run("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY", f).await
     }
@@ -84,7 +84,7 @@ impl ReadPool {
     /// run again.
     pub async fn single<T: Send + 'static>(
         self: &Arc<Self>,
-        f: impl Fn(&mut postgres::Client) -> kine_core::Result<T> + Send + 'static,
+        f: impl Fn(&mut Conn) -> kine_core::Result<T> + Send + 'static,
     ) -> kine_core::Result<T> {
         let permit = crate::remote::open_permit(&self.open).await?;
         let pool = self.clone();
@@ -92,8 +92,8 @@ impl ReadPool {
             let _permit = permit;
             loop {
                 let mut conn = pool.take()?;
-                let result = f(&mut conn.client);
-                if !conn.client.is_closed() {
+                let result = f(&mut conn.conn);
+                if !conn.conn.is_closed() {
                     pool.give_back(conn);
                     return result;
                 }
@@ -116,7 +116,7 @@ impl ReadPool {
     /// Runs `f` in one read-write transaction (small bookkeeping writes beside the writer).
     pub async fn write<T: Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&mut postgres::Client) -> kine_core::Result<T> + Send + 'static,
+        f: impl FnOnce(&mut Conn) -> kine_core::Result<T> + Send + 'static,
     ) -> kine_core::Result<T> {
         self.run("BEGIN", f).await
     }
@@ -124,7 +124,7 @@ impl ReadPool {
     async fn run<T: Send + 'static>(
         self: &Arc<Self>,
         begin: &'static str,
-        f: impl FnOnce(&mut postgres::Client) -> kine_core::Result<T> + Send + 'static,
+        f: impl FnOnce(&mut Conn) -> kine_core::Result<T> + Send + 'static,
     ) -> kine_core::Result<T> {
         let permit = crate::remote::open_permit(&self.open).await?;
         let pool = self.clone();
@@ -134,22 +134,22 @@ impl ReadPool {
             // only when used: one that fails to begin is dropped and the next one tried.
             let mut conn = loop {
                 let mut conn = pool.take()?;
-                let begun = conn.client.batch_execute(begin);
+                let begun = conn.conn.client().batch_execute(begin);
                 match begun {
                     Ok(()) => break conn,
-                    Err(_) if conn.client.is_closed() && conn.opened != conn.idle_since => continue,
+                    Err(_) if conn.conn.is_closed() && conn.opened != conn.idle_since => continue,
                     Err(e) => {
                         return Err(kine_core::Error::Unavailable(format!("PostgreSQL: begin transaction: {e}")));
                     }
                 }
             };
             let result = (|| {
-                let result = f(&mut conn.client);
+                let result = f(&mut conn.conn);
                 let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-                conn.client.batch_execute(end).with_context(|| format!("{end} transaction"))?;
+                conn.conn.client().batch_execute(end).with_context(|| format!("{end} transaction"))?;
                 result
             })();
-            if conn.client.is_closed() {
+            if conn.conn.is_closed() {
                 return Err(match result {
                     Err(kine_core::Error::Backend(e)) => kine_core::Error::Unavailable(format!("PostgreSQL: {e:#}")),
                     Err(other) => other,

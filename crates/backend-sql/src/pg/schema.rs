@@ -2,15 +2,20 @@
 //! in PostgreSQL types, and `live`, the index of each live key's newest version. `meta.revision` is the revision counter every node's writer locks
 //! (`FOR UPDATE`) for the length of its transaction, so revisions are gap-free and commit in
 //! order whatever the number of nodes. `lease.renewals` counts keep-alives (from any node): an
-//! expired lease is revoked only if nobody renewed it since this node last heard of it. Every statement is sent unnamed (`query_typed`, or the
-//! simple protocol): nothing is prepared on the server, so PgBouncer in transaction mode works.
+//! expired lease is revoked only if nobody renewed it since this node last heard of it.
 
+use super::conn::Sql;
 use anyhow::{Context, Result};
-use postgres::GenericClient;
 use postgres::types::Type;
 
 /// 2: the `live` table (version 1 databases get it at start-up).
 pub const SCHEMA_VERSION: i64 = 2;
+
+/// The longest key kine-rs stores: a B-tree entry holds at most 2704 bytes with 8 KiB pages,
+/// and `kv_key_revision` adds the revision and the row's header to the key (a random
+/// 2660-byte key fits, 2680 does not). PostgreSQL would compress some longer keys and refuse
+/// others; kine-rs refuses every longer key alike.
+pub const MAX_KEY_LEN: usize = 2600;
 
 const DDL: &str = "
 CREATE TABLE IF NOT EXISTS kv (
@@ -77,9 +82,9 @@ pub fn init(client: &mut postgres::Client) -> Result<Meta> {
 }
 
 /// Current and compact revision, as this transaction sees them.
-pub fn revisions(c: &mut impl GenericClient) -> Result<(i64, i64)> {
+pub fn revisions(c: &mut impl Sql) -> Result<(i64, i64)> {
     let rows = c
-        .query_typed("SELECT name, value FROM meta WHERE name IN ('revision', 'compact_revision')", &[])
+        .query_rows("SELECT name, value FROM meta WHERE name IN ('revision', 'compact_revision')", &[])
         .context("read revisions")?;
     let (mut rev, mut compact) = (None, None);
     for row in rows {
@@ -93,14 +98,14 @@ pub fn revisions(c: &mut impl GenericClient) -> Result<(i64, i64)> {
     Ok((rev.context("meta row revision is missing")?, compact.context("meta row compact_revision is missing")?))
 }
 
-pub fn get(c: &mut impl GenericClient, name: &str) -> Result<Option<i64>> {
-    Ok(c.query_typed_opt("SELECT value FROM meta WHERE name = $1", &[(&name, Type::TEXT)])
+pub fn get(c: &mut impl Sql, name: &str) -> Result<Option<i64>> {
+    Ok(c.query_maybe("SELECT value FROM meta WHERE name = $1", &[(&name, Type::TEXT)])
         .with_context(|| format!("read meta {name}"))?
         .map(|r| r.get(0)))
 }
 
-pub fn set(c: &mut impl GenericClient, name: &str, value: i64) -> Result<()> {
-    c.execute_typed(
+pub fn set(c: &mut impl Sql, name: &str, value: i64) -> Result<()> {
+    c.execute_sql(
         "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
         &[(&name, Type::TEXT), (&value, Type::INT8)],
     )

@@ -1,12 +1,14 @@
 //! `ReadView` / `WriteView` over one PostgreSQL transaction, and the events query.
 
+use super::conn::Sql;
+use super::schema::MAX_KEY_LEN;
 use anyhow::Context;
 use kine_core::view::{ReadView, WriteView};
 use kine_core::{Event, EventKind, KeyRange, KeyValue, LeaseId, RangeEnd, Result, Revision, RevisionEvents};
+use postgres::Row;
 use postgres::types::{ToSql, Type};
-use postgres::{GenericClient, Row};
 
-/// Statement parameters with their types (statements are sent unnamed, see `schema.rs`).
+/// Statement parameters with their types.
 #[derive(Default)]
 pub struct Args {
     values: Vec<(Box<dyn ToSql + Sync>, Type)>,
@@ -63,7 +65,7 @@ fn backend_err(e: impl Into<anyhow::Error>, what: &'static str) -> kine_core::Er
     kine_core::Error::Backend(e.into().context(what))
 }
 
-pub struct PgView<'v, C: GenericClient> {
+pub struct PgView<'v, C: Sql> {
     pub client: &'v mut C,
     /// The last committed revision this view builds on (advances inside a write batch).
     pub revision: Revision,
@@ -72,7 +74,7 @@ pub struct PgView<'v, C: GenericClient> {
     pub appended: Revision,
 }
 
-impl<C: GenericClient> PgView<'_, C> {
+impl<C: Sql> PgView<'_, C> {
     /// Whether a read at `rev` sees the newest state, which `live` indexes. Inside a write
     /// transaction `live` already holds what the transaction appended (at a revision above
     /// `revision` while a request is being applied), so only a read at that revision may use
@@ -82,7 +84,7 @@ impl<C: GenericClient> PgView<'_, C> {
     }
 }
 
-impl<C: GenericClient> ReadView for PgView<'_, C> {
+impl<C: Sql> ReadView for PgView<'_, C> {
     fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
         let value = if keys_only { "''::bytea" } else { "k.value" };
         let limit_sql = if limit > 0 { format!("LIMIT {limit}") } else { String::new() };
@@ -111,7 +113,7 @@ impl<C: GenericClient> ReadView for PgView<'_, C> {
                 latest = latest(&r),
             )
         };
-        let rows = self.client.query_typed(&sql, &args.list()).map_err(|e| backend_err(e, "run range query"))?;
+        let rows = self.client.query_rows(&sql, &args.list()).map_err(|e| backend_err(e, "run range query"))?;
         Ok(rows.iter().filter(|row| !row.get::<_, bool>(6)).map(|row| kv_from_row(row, 0)).collect())
     }
 
@@ -128,12 +130,12 @@ impl<C: GenericClient> ReadView for PgView<'_, C> {
                 latest = latest(&r),
             )
         };
-        let row = self.client.query_typed_one(&sql, &args.list()).map_err(|e| backend_err(e, "run count query"))?;
+        let row = self.client.query_row(&sql, &args.list()).map_err(|e| backend_err(e, "run count query"))?;
         Ok(row.get(0))
     }
 }
 
-impl<C: GenericClient> WriteView for PgView<'_, C> {
+impl<C: Sql> WriteView for PgView<'_, C> {
     fn revision(&self) -> Revision {
         self.revision
     }
@@ -144,14 +146,14 @@ impl<C: GenericClient> WriteView for PgView<'_, C> {
 
     fn keys_with_lease(&mut self, lease: LeaseId, rev: Revision) -> Result<Vec<Vec<u8>>> {
         let rows = if self.newest(rev) {
-            self.client.query_typed(
+            self.client.query_rows(
                 "SELECT k.key FROM kv k JOIN live c ON c.key = k.key AND c.mod_revision = k.mod_revision
                    AND c.sub = k.sub
                  WHERE k.lease = $1 ORDER BY k.key",
                 &[(&lease, Type::INT8)],
             )
         } else {
-            self.client.query_typed(
+            self.client.query_rows(
                 "SELECT k.key FROM kv k WHERE k.lease = $1 AND k.mod_revision <= $2 AND NOT k.deleted AND
                    NOT EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= $2
                                AND (n.mod_revision, n.sub) > (k.mod_revision, k.sub))
@@ -166,32 +168,38 @@ impl<C: GenericClient> WriteView for PgView<'_, C> {
     fn lease(&mut self, id: LeaseId) -> Result<Option<i64>> {
         let row = self
             .client
-            .query_typed_opt("SELECT ttl FROM lease WHERE id = $1", &[(&id, Type::INT8)])
+            .query_maybe("SELECT ttl FROM lease WHERE id = $1", &[(&id, Type::INT8)])
             .map_err(|e| backend_err(e, "read lease"))?;
         Ok(row.map(|r| r.get(0)))
     }
 
     fn insert_lease(&mut self, id: LeaseId, ttl: i64) -> Result<()> {
         self.client
-            .execute_typed("INSERT INTO lease (id, ttl) VALUES ($1, $2)", &[(&id, Type::INT8), (&ttl, Type::INT8)])
+            .execute_sql("INSERT INTO lease (id, ttl) VALUES ($1, $2)", &[(&id, Type::INT8), (&ttl, Type::INT8)])
             .map_err(|e| backend_err(e, "insert lease"))?;
         Ok(())
     }
 
     fn remove_lease(&mut self, id: LeaseId) -> Result<()> {
         self.client
-            .execute_typed("DELETE FROM lease WHERE id = $1", &[(&id, Type::INT8)])
+            .execute_sql("DELETE FROM lease WHERE id = $1", &[(&id, Type::INT8)])
             .map_err(|e| backend_err(e, "delete lease"))?;
         Ok(())
     }
 
     fn append(&mut self, rev: Revision, index: usize, event: &Event) -> Result<()> {
-        self.appended = self.appended.max(rev);
         let kv = &event.kv;
+        if kv.key.len() > MAX_KEY_LEN {
+            return Err(kine_core::Error::InvalidArgument(format!(
+                "etcdserver: key is {} bytes; the PostgreSQL datastore stores keys of at most {MAX_KEY_LEN} bytes",
+                kv.key.len()
+            )));
+        }
+        self.appended = self.appended.max(rev);
         let deleted = event.kind == EventKind::Delete;
         let sub = index as i32;
         self.client
-            .execute_typed(
+            .execute_sql(
                 "INSERT INTO kv (mod_revision, sub, key, create_revision, version, lease, deleted, value)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
                 &[
@@ -207,9 +215,9 @@ impl<C: GenericClient> WriteView for PgView<'_, C> {
             )
             .map_err(|e| backend_err(e, "insert key version"))?;
         if deleted {
-            self.client.execute_typed("DELETE FROM live WHERE key = $1", &[(&kv.key, Type::BYTEA)])
+            self.client.execute_sql("DELETE FROM live WHERE key = $1", &[(&kv.key, Type::BYTEA)])
         } else {
-            self.client.execute_typed(
+            self.client.execute_sql(
                 "INSERT INTO live (key, mod_revision, sub) VALUES ($1, $2, $3)
                  ON CONFLICT (key) DO UPDATE SET mod_revision = excluded.mod_revision, sub = excluded.sub",
                 &[(&kv.key, Type::BYTEA), (&rev, Type::INT8), (&sub, Type::INT4)],
@@ -223,7 +231,7 @@ impl<C: GenericClient> WriteView for PgView<'_, C> {
 /// A single-key Range in one statement (one snapshot, no transaction): the revisions and the
 /// key's newest version at the read revision together, then the Range rules over that row.
 pub fn get(
-    client: &mut impl GenericClient,
+    client: &mut impl Sql,
     req: &kine_core::request::RangeRequest,
 ) -> Result<kine_core::request::Revisioned<kine_core::request::RangeResponse>> {
     let value = if req.keys_only { "''::bytea" } else { "k.value" };
@@ -237,7 +245,7 @@ pub fn get(
          WHERE r.name = 'revision' AND c.name = 'compact_revision'"
     );
     let row = client
-        .query_typed_one(&sql, &[(&req.range.start, Type::BYTEA), (&req.revision, Type::INT8)])
+        .query_row(&sql, &[(&req.range.start, Type::BYTEA), (&req.revision, Type::INT8)])
         .map_err(|e| backend_err(e, "run get query"))?;
     let (current, compacted): (i64, i64) = (row.get(0), row.get(1));
     let rev = kine_core::range::read_revision(req.revision, current, compacted)?;
@@ -251,7 +259,7 @@ pub fn get(
 
 /// Committed events in `range` with `after < revision <= until`, each with its previous version.
 pub fn events(
-    client: &mut impl GenericClient,
+    client: &mut impl Sql,
     range: &KeyRange,
     after: Revision,
     until: Revision,
@@ -270,7 +278,7 @@ pub fn events(
          WHERE e.mod_revision > {a} AND e.mod_revision <= {u} AND {cond}
          ORDER BY e.mod_revision, e.sub"
     );
-    let rows = client.query_typed(&sql, &args.list()).context("run events query")?;
+    let rows = client.query_rows(&sql, &args.list()).context("run events query")?;
     let mut out: Vec<RevisionEvents> = Vec::new();
     for row in &rows {
         let kv = kv_from_row(row, 0);

@@ -1,10 +1,12 @@
 //! The PostgreSQL writer thread of this node, with group commit: every queued request (up to
-//! `MAX_BATCH`) in one transaction, each in its own savepoint. The transaction first locks the
-//! revision counter (`SELECT … FOR UPDATE` on `meta.revision`), so the writers of all nodes on
-//! one database take turns: revisions are gap-free and committed in order. The commit notifies
-//! every node's feed (`NOTIFY kine_rs`), which publishes the events; replies go out after the
-//! commit.
+//! `MAX_BATCH`) in one transaction (in a savepoint each only after one failed in the database). The
+//! transaction first locks the revision counter (`SELECT … FOR UPDATE` on `meta.revision`), so
+//! the writers of all nodes on one database take turns: revisions are gap-free and committed in
+//! order. The commit notifies every node's feed (`NOTIFY kine_rs`), which publishes the events;
+//! replies go out after the commit. Begin and lock, and advance, notify and commit, are one
+//! round trip each (several statements in one simple query).
 
+use super::conn::{Conn, Sql};
 use super::schema;
 use super::view::PgView;
 use super::{Connector, Shared};
@@ -13,6 +15,7 @@ use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
 use kine_core::{Error, Result, Revision};
+use postgres::SimpleQueryMessage;
 use postgres::types::Type;
 use std::sync::{Arc, mpsc};
 
@@ -23,7 +26,7 @@ pub fn spawn(connector: Connector, shared: Arc<Shared>) -> std::io::Result<mpsc:
 }
 
 fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
-    let mut client: Option<postgres::Client> = None;
+    let mut client: Option<Conn> = None;
     let mut held: Option<Job> = None;
     loop {
         let job = match held.take() {
@@ -40,7 +43,7 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
         // A lost connection is replaced at the next job; meanwhile requests fail fast.
         if client.as_ref().is_none_or(|c| c.is_closed()) {
             let connected = kine_core::metrics::metrics().backend_connected.with_label_values(&["postgres", "writer"]);
-            client = match connector.connect() {
+            client = match connector.open() {
                 Ok(c) => {
                     connected.set(1);
                     Some(c)
@@ -66,7 +69,7 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
                 let _ = reply.send(compact(conn, rev).map_err(|e| unavailable_or(e, conn)));
             }
             Job::Defragment(reply) => {
-                let result = conn.batch_execute("VACUUM kv, lease").context("VACUUM").map_err(Error::Backend);
+                let result = conn.client().batch_execute("VACUUM kv, lease").context("VACUUM").map_err(Error::Backend);
                 let _ = reply.send(result);
             }
             Job::Close(_) => unreachable!("handled above"),
@@ -75,60 +78,27 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
 }
 
 /// A failure on a connection that is now closed is an outage (`Unavailable`), not a bug.
-fn unavailable_or(e: Error, conn: &postgres::Client) -> Error {
+fn unavailable_or(e: Error, conn: &Conn) -> Error {
     match e {
         Error::Backend(inner) if conn.is_closed() => Error::Unavailable(format!("PostgreSQL: {inner:#}")),
         other => other,
     }
 }
 
-fn write_batch(conn: &mut postgres::Client, shared: &Shared, batch: Vec<(WriteOp, Reply<Revisioned<WriteResponse>>)>) {
-    let mut results = Vec::with_capacity(batch.len());
-    let outcome = (|| -> anyhow::Result<Revision> {
-        let mut tx = conn.transaction().context("begin write transaction")?;
-        let base: i64 = tx
-            .query_typed_one("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE", &[])
-            .context("lock the revision counter")?
-            .get(0);
-        let compacted = schema::get(&mut tx, "compact_revision")?.context("meta row compact_revision is missing")?;
-        let mut view = PgView { client: &mut tx, revision: base, compacted, appended: 0 };
-        for (op, _) in &batch {
-            if let WriteOp::LeaseRevoke { id, expired: true } = op
-                && renewed_elsewhere(view.client, shared, *id)?
-            {
-                // Another node renewed it since this node last heard: not ours to revoke.
-                results.push(Err(Error::LeaseNotFound));
-                continue;
-            }
-            view.client.batch_execute("SAVEPOINT op").context("open savepoint")?;
-            match txn::apply(&mut view, op) {
-                Ok(applied) => {
-                    view.client.batch_execute("RELEASE SAVEPOINT op").context("release savepoint")?;
-                    announce_lease(view.client, op)?;
-                    if let Some(ev) = applied.events {
-                        view.revision = ev.revision;
-                    }
-                    results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
-                }
-                Err(e) => {
-                    view.client
-                        .batch_execute("ROLLBACK TO SAVEPOINT op; RELEASE SAVEPOINT op")
-                        .context("roll back savepoint")?;
-                    results.push(Err(e));
-                }
-            }
-        }
-        let revision = view.revision;
-        if revision != base {
-            tx.execute_typed("UPDATE meta SET value = $1 WHERE name = 'revision'", &[(&revision, Type::INT8)])
-                .context("advance the revision")?;
-            tx.batch_execute("NOTIFY kine_rs").context("notify the other nodes")?;
-        }
-        tx.commit().context("commit write transaction")?;
-        Ok(revision)
-    })();
+type Results = Vec<Result<Revisioned<WriteResponse>>>;
+
+fn write_batch(conn: &mut Conn, shared: &Shared, batch: Vec<(WriteOp, Reply<Revisioned<WriteResponse>>)>) {
+    let ops: Vec<&WriteOp> = batch.iter().map(|(op, _)| op).collect();
+    let outcome = match attempt(conn, shared, &ops, false) {
+        // A request failed in the database, which aborted the transaction: the batch again,
+        // each request in a savepoint, so that only that one fails.
+        Ok(None) => attempt(conn, shared, &ops, true)
+            .and_then(|results| results.context("a write batch with savepoints did not complete")),
+        Ok(Some(results)) => Ok(results),
+        Err(e) => Err(e),
+    };
     match outcome {
-        Ok(_) => {
+        Ok(results) => {
             // This node's feed publishes the events (of every node, in revision order).
             for ((_, reply), result) in batch.into_iter().zip(results) {
                 let _ = reply.send(result);
@@ -139,6 +109,8 @@ fn write_batch(conn: &mut postgres::Client, shared: &Shared, batch: Vec<(WriteOp
             let closed = conn.is_closed();
             if !closed {
                 tracing::error!(error = %text, "PostgreSQL write batch failed; nothing was written");
+                // Leaves no transaction open (after a failed COMMIT there is none: a warning).
+                let _ = conn.client().batch_execute("ROLLBACK");
             }
             for (_, reply) in batch {
                 let _ = reply.send(Err(if closed {
@@ -151,10 +123,97 @@ fn write_batch(conn: &mut postgres::Client, shared: &Shared, batch: Vec<(WriteOp
     }
 }
 
+/// Runs `ops` in one transaction and commits it. With `savepoints`, each request runs in a
+/// savepoint of its own; without, a request that fails in the database (and so aborts the
+/// transaction) rolls everything back and the answer is `None`. etcd's refusals (a missing
+/// lease, …) are decided before a request writes anything, so they need no savepoint.
+fn attempt(conn: &mut Conn, shared: &Shared, ops: &[&WriteOp], savepoints: bool) -> anyhow::Result<Option<Results>> {
+    let (base, compacted) = begin(conn)?;
+    let mut results = Vec::with_capacity(ops.len());
+    let mut view = PgView { client: &mut *conn, revision: base, compacted, appended: 0 };
+    for op in ops {
+        if let WriteOp::LeaseRevoke { id, expired: true } = op
+            && renewed_elsewhere(view.client, shared, *id)?
+        {
+            // Another node renewed it since this node last heard: not ours to revoke.
+            results.push(Err(Error::LeaseNotFound));
+            continue;
+        }
+        if savepoints {
+            view.client.client().batch_execute("SAVEPOINT op").context("open savepoint")?;
+        }
+        let appended = view.appended;
+        match txn::apply(&mut view, op) {
+            Ok(applied) => {
+                if savepoints {
+                    view.client.client().batch_execute("RELEASE SAVEPOINT op").context("release savepoint")?;
+                }
+                announce_lease(view.client, op)?;
+                if let Some(ev) = applied.events {
+                    view.revision = ev.revision;
+                }
+                results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
+            }
+            Err(e) if savepoints => {
+                view.client
+                    .client()
+                    .batch_execute("ROLLBACK TO SAVEPOINT op; RELEASE SAVEPOINT op")
+                    .context("roll back savepoint")?;
+                view.appended = appended;
+                results.push(Err(e));
+            }
+            Err(e) if view.appended == appended && !failed_in_database(&e) => results.push(Err(e)),
+            Err(_) => {
+                view.client.client().batch_execute("ROLLBACK").context("roll back write transaction")?;
+                return Ok(None);
+            }
+        }
+    }
+    let revision = view.revision;
+    // If a statement failed unnoticed, the transaction is aborted and the UPDATE fails with it
+    // (a COMMIT alone would roll back without an error): nothing is acknowledged then.
+    let end = if revision != base {
+        // An integer: nothing to quote.
+        format!("UPDATE meta SET value = {revision} WHERE name = 'revision'; NOTIFY kine_rs; COMMIT")
+    } else {
+        "COMMIT".to_string()
+    };
+    conn.client().batch_execute(&end).context("advance the revision, notify the other nodes and commit")?;
+    Ok(Some(results))
+}
+
+/// An error from the database rather than one of etcd's refusals.
+fn failed_in_database(e: &Error) -> bool {
+    matches!(e, Error::Backend(_) | Error::Unavailable(_) | Error::NoSpace | Error::Corrupt)
+}
+
+/// Begins the write transaction and locks the revision counter, in one round trip: the current
+/// and the compact revision.
+fn begin(conn: &mut Conn) -> anyhow::Result<(Revision, Revision)> {
+    let messages = conn
+        .client()
+        .simple_query(
+            "BEGIN; SELECT r.value, c.value FROM meta r, meta c
+             WHERE r.name = 'revision' AND c.name = 'compact_revision' FOR UPDATE OF r",
+        )
+        .context("begin write transaction and lock the revision counter")?;
+    let row = messages
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .context("meta rows revision and compact_revision are missing")?;
+    let number = |i: usize| -> anyhow::Result<Revision> {
+        row.get(i).context("meta value is NULL")?.parse().context("meta value is not a number")
+    };
+    Ok((number(0)?, number(1)?))
+}
+
 /// Whether the lease's renewal count differs from the one this node last heard of.
-fn renewed_elsewhere(tx: &mut postgres::Transaction<'_>, shared: &Shared, id: i64) -> anyhow::Result<bool> {
+fn renewed_elsewhere(tx: &mut impl Sql, shared: &Shared, id: i64) -> anyhow::Result<bool> {
     let row = tx
-        .query_typed_opt("SELECT renewals FROM lease WHERE id = $1 FOR UPDATE", &[(&id, Type::INT8)])
+        .query_maybe("SELECT renewals FROM lease WHERE id = $1 FOR UPDATE", &[(&id, Type::INT8)])
         .context("read lease renewals")?;
     let Some(row) = row else { return Ok(false) };
     let renewals: i64 = row.get(0);
@@ -162,21 +221,21 @@ fn renewed_elsewhere(tx: &mut postgres::Transaction<'_>, shared: &Shared, id: i6
 }
 
 /// Tells every node's lessor about a granted or revoked lease (delivered at commit).
-fn announce_lease(tx: &mut postgres::Transaction<'_>, op: &WriteOp) -> anyhow::Result<()> {
+fn announce_lease(tx: &mut impl Sql, op: &WriteOp) -> anyhow::Result<()> {
     let payload = match op {
         WriteOp::LeaseGrant { id, ttl } => format!("renew {id} {ttl} 0"),
         WriteOp::LeaseRevoke { id, .. } => format!("revoke {id}"),
         WriteOp::Txn(_) => return Ok(()),
     };
-    tx.execute_typed("SELECT pg_notify('kine_rs_lease', $1)", &[(&payload, Type::TEXT)])
+    tx.execute_sql("SELECT pg_notify('kine_rs_lease', $1)", &[(&payload, Type::TEXT)])
         .context("announce lease change")?;
     Ok(())
 }
 
 /// Compacts under a lock on the compact revision, so two nodes never compact at once; the
 /// checks use the database's revisions, not this node's.
-fn compact(conn: &mut postgres::Client, rev: Revision) -> Result<Revision> {
-    let mut tx = conn.transaction().context("begin compaction").map_err(Error::Backend)?;
+fn compact(conn: &mut Conn, rev: Revision) -> Result<Revision> {
+    let mut tx = conn.client().transaction().context("begin compaction").map_err(Error::Backend)?;
     let previous: i64 = tx
         .query_typed_one("SELECT value FROM meta WHERE name = 'compact_revision' FOR UPDATE", &[])
         .context("lock the compact revision")
