@@ -176,7 +176,6 @@ impl<C: Queryable> WriteView for MyView<'_, C> {
     }
 
     fn append(&mut self, rev: Revision, index: usize, event: &Event) -> Result<()> {
-        self.appended = self.appended.max(rev);
         let kv = &event.kv;
         if kv.key.len() > MAX_KEY_LEN {
             return Err(Error::InvalidArgument(format!(
@@ -184,6 +183,7 @@ impl<C: Queryable> WriteView for MyView<'_, C> {
                 kv.key.len()
             )));
         }
+        self.appended = self.appended.max(rev);
         let deleted = event.kind == EventKind::Delete;
         self.conn
             .exec_drop(

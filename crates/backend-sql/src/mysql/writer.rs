@@ -1,8 +1,10 @@
 //! The MySQL writer thread of this node, with group commit: every queued request (up to
-//! `MAX_BATCH`) in one transaction, each in its own savepoint. The transaction first locks the
-//! revision counter (`SELECT … FOR UPDATE` on `meta.revision`), so the writers of all nodes on
-//! one database take turns: revisions are gap-free and committed in order. The connection runs
-//! at READ COMMITTED, so each statement sees every commit made before the lock was granted.
+//! `MAX_BATCH`) in one transaction (in a savepoint each only when the batch runs again after a
+//! request failed in the database). The transaction first locks the revision counter
+//! (`SELECT … FOR UPDATE` on `meta.revision`), so the writers of all nodes on one database take
+//! turns: revisions are gap-free and committed in order. The connection runs at READ
+//! COMMITTED, so each statement sees every commit made before the lock was granted. Begin and
+//! lock, and advance and commit, are one round trip each (several statements in one query).
 //! After the commit the feed is woken (it publishes the events), then the replies go out.
 
 use super::feed::Nudge;
@@ -91,6 +93,8 @@ fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiv
     }
 }
 
+type Results = Vec<Result<Revisioned<WriteResponse>>>;
+
 /// Runs one batch. Returns whether the connection was lost.
 fn write_batch(
     c: &mut mysql::Conn,
@@ -98,56 +102,17 @@ fn write_batch(
     nudge: &Nudge,
     batch: Vec<(WriteOp, Reply<Revisioned<WriteResponse>>)>,
 ) -> bool {
-    let mut results = Vec::with_capacity(batch.len());
-    let outcome = (|| -> anyhow::Result<Revision> {
-        c.query_drop("START TRANSACTION").context("begin write transaction")?;
-        let base: i64 = c
-            .query_first("SELECT value FROM meta WHERE name = 'revision' FOR UPDATE")
-            .context("lock the revision counter")?
-            .context("meta row revision is missing")?;
-        let compacted = schema::get(c, "compact_revision")?.context("meta row compact_revision is missing")?;
-        let mut view = MyView { conn: &mut *c, revision: base, compacted, appended: 0 };
-        let mut lease_changes = false;
-        for (op, _) in &batch {
-            if let WriteOp::LeaseRevoke { id, expired: true } = op
-                && renewed_elsewhere(view.conn, shared, *id)?
-            {
-                // Another node renewed it since this node last heard: not ours to revoke.
-                results.push(Err(Error::LeaseNotFound));
-                continue;
-            }
-            view.conn.query_drop("SAVEPOINT op").context("open savepoint")?;
-            match txn::apply(&mut view, op) {
-                Ok(applied) => {
-                    view.conn.query_drop("RELEASE SAVEPOINT op").context("release savepoint")?;
-                    lease_changes |= !matches!(op, WriteOp::Txn(_));
-                    if let Some(ev) = applied.events {
-                        view.revision = ev.revision;
-                    }
-                    results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
-                }
-                // The connection broke under the request: the whole batch fails as an outage.
-                Err(Error::Backend(inner)) if connection_lost(&inner) => return Err(inner),
-                Err(e) => {
-                    view.conn.query_drop("ROLLBACK TO SAVEPOINT op").context("roll back savepoint")?;
-                    view.conn.query_drop("RELEASE SAVEPOINT op").context("release savepoint")?;
-                    results.push(Err(e));
-                }
-            }
-        }
-        let revision = view.revision;
-        if revision != base {
-            c.exec_drop("UPDATE meta SET value = ? WHERE name = 'revision'", (revision,))
-                .context("advance the revision")?;
-        }
-        if lease_changes {
-            bump_lease_epoch(c)?;
-        }
-        c.query_drop("COMMIT").context("commit write transaction")?;
-        Ok(revision)
-    })();
+    let ops: Vec<&WriteOp> = batch.iter().map(|(op, _)| op).collect();
+    let outcome = match attempt(c, shared, &ops, false) {
+        // A request failed in the database after writing part of itself: the batch again,
+        // each request in a savepoint, so that only that one fails.
+        Ok(None) => attempt(c, shared, &ops, true)
+            .and_then(|results| results.context("a write batch with savepoints did not complete")),
+        Ok(Some(results)) => Ok(results),
+        Err(e) => Err(e),
+    };
     match outcome {
-        Ok(_) => {
+        Ok(results) => {
             // This node's feed publishes the events (of every node, in revision order).
             nudge.wake();
             for ((_, reply), result) in batch.into_iter().zip(results) {
@@ -174,10 +139,113 @@ fn write_batch(
     }
 }
 
+/// Runs `ops` in one transaction and commits it. With `savepoints`, each request runs in a
+/// savepoint of its own; without, a request that fails in the database (where it may have
+/// written part of itself) rolls everything back and the answer is `None`. etcd's refusals (a
+/// missing lease, …) are decided before a request writes anything, so they need no savepoint.
+fn attempt(
+    c: &mut mysql::Conn,
+    shared: &Shared,
+    ops: &[&WriteOp],
+    savepoints: bool,
+) -> anyhow::Result<Option<Results>> {
+    let (base, compacted) = begin(c)?;
+    let mut results = Vec::with_capacity(ops.len());
+    let mut view = MyView { conn: &mut *c, revision: base, compacted, appended: 0 };
+    let mut lease_changes = false;
+    for op in ops {
+        if let WriteOp::LeaseRevoke { id, expired: true } = op
+            && renewed_elsewhere(view.conn, shared, *id)?
+        {
+            // Another node renewed it since this node last heard: not ours to revoke.
+            results.push(Err(Error::LeaseNotFound));
+            continue;
+        }
+        if savepoints {
+            view.conn.query_drop("SAVEPOINT op").context("open savepoint")?;
+        }
+        let appended = view.appended;
+        match txn::apply(&mut view, op) {
+            Ok(applied) => {
+                if savepoints {
+                    view.conn.query_drop("RELEASE SAVEPOINT op").context("release savepoint")?;
+                }
+                lease_changes |= !matches!(op, WriteOp::Txn(_));
+                if let Some(ev) = applied.events {
+                    view.revision = ev.revision;
+                }
+                results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
+            }
+            // The connection broke under the request: the whole batch fails as an outage.
+            Err(Error::Backend(inner)) if connection_lost(&inner) => return Err(inner),
+            Err(e) if savepoints => {
+                view.conn.query_drop("ROLLBACK TO SAVEPOINT op").context("roll back savepoint")?;
+                view.conn.query_drop("RELEASE SAVEPOINT op").context("release savepoint")?;
+                view.appended = appended;
+                results.push(Err(e));
+            }
+            Err(e) if view.appended == appended && !failed_in_database(&e) => results.push(Err(e)),
+            Err(_) => {
+                view.conn.query_drop("ROLLBACK").context("roll back write transaction")?;
+                return Ok(None);
+            }
+        }
+    }
+    let revision = view.revision;
+    let mut end = String::new();
+    if revision != base {
+        // An integer: nothing to quote.
+        end += &format!("UPDATE meta SET value = {revision} WHERE name = 'revision'; ");
+    }
+    if lease_changes {
+        end += LEASE_EPOCH_BUMP;
+        end += "; ";
+    }
+    end += "COMMIT";
+    statements(c, &end).context("advance the revision and commit")?;
+    Ok(Some(results))
+}
+
+/// An error from the database rather than one of etcd's refusals.
+fn failed_in_database(e: &Error) -> bool {
+    matches!(e, Error::Backend(_) | Error::Unavailable(_) | Error::NoSpace | Error::Corrupt)
+}
+
+/// Begins the write transaction and locks the revision counter, in one round trip: the current
+/// and the compact revision.
+fn begin(c: &mut mysql::Conn) -> anyhow::Result<(Revision, Revision)> {
+    let sets = statements(
+        c,
+        "START TRANSACTION; SELECT value FROM meta WHERE name = 'revision' FOR UPDATE;
+         SELECT value FROM meta WHERE name = 'compact_revision'",
+    )
+    .context("begin write transaction and lock the revision counter")?;
+    let value = |set: usize, name: &str| -> anyhow::Result<Revision> {
+        let row = sets.get(set).and_then(|rows| rows.first()).with_context(|| format!("meta row {name} is missing"))?;
+        row.get_opt::<i64, _>(0)
+            .with_context(|| format!("meta row {name} has no value"))?
+            .with_context(|| format!("meta value {name} is not a number"))
+    };
+    Ok((value(1, "revision")?, value(2, "compact_revision")?))
+}
+
+/// Runs several statements in one round trip; the rows of each, in order. An error in any of
+/// them is returned (dropping the result would hide errors after the first statement).
+fn statements(c: &mut mysql::Conn, sql: &str) -> anyhow::Result<Vec<Vec<mysql::Row>>> {
+    let mut result = c.query_iter(sql)?;
+    let mut sets = Vec::new();
+    while let Some(set) = result.iter() {
+        sets.push(set.collect::<std::result::Result<Vec<_>, _>>()?);
+    }
+    Ok(sets)
+}
+
 /// Counts a lease change, for every node's feed to notice.
 pub fn bump_lease_epoch(c: &mut impl Queryable) -> anyhow::Result<()> {
-    c.query_drop("UPDATE meta SET value = value + 1 WHERE name = 'lease_epoch'").context("count a lease change")
+    c.query_drop(LEASE_EPOCH_BUMP).context("count a lease change")
 }
+
+const LEASE_EPOCH_BUMP: &str = "UPDATE meta SET value = value + 1 WHERE name = 'lease_epoch'";
 
 /// Whether the lease's renewal count differs from the one this node last heard of.
 fn renewed_elsewhere(c: &mut impl Queryable, shared: &Shared, id: i64) -> anyhow::Result<bool> {
