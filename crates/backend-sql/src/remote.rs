@@ -15,7 +15,10 @@ use tokio::sync::{broadcast, watch};
 pub struct PoolOptions {
     /// Idle connections kept.
     pub max_idle: usize,
-    /// Connections open at once; `None` = no limit.
+    /// Connections open at once; `None` = no limit. By default as many as are kept idle: a
+    /// pool allowed more connections than it keeps opens and closes one per request whenever
+    /// more requests wait than it keeps (256 concurrent gets on PostgreSQL: 3–5 k/s with p99
+    /// 0.6–1.7 s without a limit, 8.3–8.5 k/s with p99 53 ms with 16).
     pub max_open: Option<usize>,
     /// Connections are closed after this age; `None` = never.
     pub max_lifetime: Option<Duration>,
@@ -25,7 +28,12 @@ pub struct PoolOptions {
 
 impl Default for PoolOptions {
     fn default() -> Self {
-        PoolOptions { max_idle: 20, max_open: None, max_lifetime: None, max_idle_time: Some(Duration::from_secs(120)) }
+        PoolOptions {
+            max_idle: 20,
+            max_open: Some(20),
+            max_lifetime: None,
+            max_idle_time: Some(Duration::from_secs(120)),
+        }
     }
 }
 

@@ -76,13 +76,20 @@ async fn start_embedded(
 /// kine's `--datastore-*` pool flags, in kine's meanings.
 fn pool_options(cli: &Cli) -> kine_backend_sql::PoolOptions {
     let some = |d: std::time::Duration| (!d.is_zero()).then_some(d);
+    let max_idle = match cli.datastore_max_idle_connections {
+        0 => 20,
+        n if n < 0 => 0,
+        n => n as usize,
+    };
     kine_backend_sql::PoolOptions {
-        max_idle: match cli.datastore_max_idle_connections {
-            0 => 20,
-            n if n < 0 => 0,
-            n => n as usize,
+        max_idle,
+        // By default no more than are kept idle (none opened and closed per request); no limit
+        // when asked for, or when nothing is kept idle.
+        max_open: match cli.datastore_max_open_connections {
+            0 => (max_idle > 0).then_some(max_idle),
+            n if n < 0 => None,
+            n => Some(n as usize),
         },
-        max_open: (cli.datastore_max_open_connections > 0).then_some(cli.datastore_max_open_connections as usize),
         max_lifetime: some(cli.datastore_connection_max_lifetime),
         max_idle_time: some(cli.datastore_connection_max_idle_time),
     }
@@ -334,4 +341,26 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
 
 pub fn shutdown_channel() -> (ShutdownTrigger, Shutdown) {
     shutdown::channel()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn pool(args: &[&str]) -> kine_backend_sql::PoolOptions {
+        pool_options(&Cli::try_parse_from(std::iter::once("kine-rs").chain(args.iter().copied())).unwrap())
+    }
+
+    #[test]
+    fn pooled_connections_open_at_once_default_to_those_kept_idle() {
+        let open = |p: kine_backend_sql::PoolOptions| p.max_open;
+        assert_eq!(pool(&[]).max_idle, 20);
+        assert_eq!(open(pool(&[])), Some(20));
+        assert_eq!(open(pool(&["--datastore-max-idle-connections", "4"])), Some(4));
+        assert_eq!(open(pool(&["--datastore-max-open-connections", "7"])), Some(7));
+        assert_eq!(open(pool(&["--datastore-max-open-connections", "-1"])), None);
+        let none_idle = pool(&["--datastore-max-idle-connections", "-1"]);
+        assert_eq!((none_idle.max_idle, none_idle.max_open), (0, None));
+    }
 }

@@ -83,7 +83,8 @@ pub struct Cli {
     /// Idle pooled connections kept per node (SQL datastores; 0 = 20, negative = none)
     #[arg(long, env = "KINE_DATASTORE_MAX_IDLE_CONNECTIONS", default_value_t = 0, allow_negative_numbers = true)]
     pub datastore_max_idle_connections: i64,
-    /// Pooled connections open at once per node (SQL datastores; 0 or negative = no limit)
+    /// Pooled connections open at once per node (SQL datastores; 0 = as many as kept idle,
+    /// negative = no limit)
     #[arg(long, env = "KINE_DATASTORE_MAX_OPEN_CONNECTIONS", default_value_t = 0, allow_negative_numbers = true)]
     pub datastore_max_open_connections: i64,
     /// Pooled connections are closed after this age (SQL datastores; 0 = never)

@@ -108,3 +108,31 @@ async fn a_key_longer_than_the_index_holds_is_refused_by_name() {
     c.put(key(2600), "v", None).await.unwrap();
     assert_eq!(c.get(key(2600), None).await.unwrap().kvs()[0].value(), b"v");
 }
+
+/// With the default pool flags, a burst of concurrent reads reuses the pooled connections
+/// instead of opening and closing one per request (the server's own connection log counts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_reads_reuses_pooled_connections() {
+    let pg = PgServer::start();
+    pg.sql("postgres", "ALTER SYSTEM SET log_connections = on");
+    pg.sql("postgres", "SELECT pg_reload_conf()");
+    let node = Server::start(&["--endpoint", &pg.url("burst")]);
+    let c = node.client().await;
+    c.kv_client().put("k", "v", None).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let mut kv = c.kv_client();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                assert_eq!(kv.get("k", None).await.unwrap().kvs()[0].value(), b"v");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let opened = pg.log().matches("connection authorized: user=kine database=burst").count();
+    // 20 kept idle (the default) for reads, plus the writer, the feed, the schema check and the
+    // first attempt that found no database.
+    assert!(opened <= 24, "{opened} connections opened for 2000 reads by 100 clients:\n{}", pg.log());
+}
