@@ -10,8 +10,9 @@ use crate::request::{
     Compare, CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse,
     RangeRequest, RequestOp, ResponseOp, Revisioned, TxnRequest, TxnResponse,
 };
-use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Revision, RevisionEvents};
+use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, RangeEnd, Revision, RevisionEvents};
 use crate::view::WriteView;
+use std::collections::HashMap;
 
 /// A request that goes through the backend's writer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,7 +56,7 @@ impl Applied {
 /// before the first write, as in etcd.
 pub fn apply(view: &mut dyn WriteView, op: &WriteOp) -> Result<Applied> {
     let base = view.revision();
-    let mut exec = Exec { view, base, events: Vec::new() };
+    let mut exec = Exec { view, base, events: Vec::new(), at_base: HashMap::new() };
     let response = match op {
         WriteOp::Txn(t) => {
             let plan = exec.plan(t)?;
@@ -98,6 +99,10 @@ struct Exec<'a> {
     /// The committed revision this op builds on; writes land at `base + 1`.
     base: Revision,
     events: Vec<Event>,
+    /// Single keys' newest versions at `base`, as read so far: a create or an update reads its
+    /// key up to three times (compare, previous version, the event's previous version), each a
+    /// round trip on a network database.
+    at_base: HashMap<Vec<u8>, Option<KeyValue>>,
 }
 
 impl Exec<'_> {
@@ -120,7 +125,10 @@ impl Exec<'_> {
     }
 
     fn compare(&mut self, c: &Compare) -> Result<bool> {
-        let kvs = self.view.scan(&c.range, self.base, 0, false)?;
+        let kvs = match c.range.end {
+            RangeEnd::Single => self.key_at_base(&c.range.start)?.into_iter().collect(),
+            _ => self.view.scan(&c.range, self.base, 0, false)?,
+        };
         if kvs.is_empty() {
             // As etcd: a value compare on a missing key always fails; the other targets compare
             // against zero values.
@@ -168,11 +176,8 @@ impl Exec<'_> {
     }
 
     fn check_put(&mut self, p: &PutRequest) -> Result<()> {
-        if p.ignore_value || p.ignore_lease {
-            let exists = !self.view.scan(&KeyRange::single(p.key.clone()), self.base, 1, true)?.is_empty();
-            if !exists {
-                return Err(Error::KeyNotFound);
-            }
+        if (p.ignore_value || p.ignore_lease) && self.key_at_base(&p.key)?.is_none() {
+            return Err(Error::KeyNotFound);
         }
         if p.lease != 0 && self.view.lease(p.lease)?.is_none() {
             return Err(Error::LeaseNotFound);
@@ -218,7 +223,12 @@ impl Exec<'_> {
 
     fn put(&mut self, p: &PutRequest) -> Result<PutResponse> {
         let rev = self.base + 1;
-        let prev = self.view.scan(&KeyRange::single(p.key.clone()), rev, 1, false)?.pop();
+        let prev = if self.events.iter().any(|e| e.kv.key == p.key) {
+            // Written earlier in this txn (another branch of a nested txn): that version.
+            self.view.scan(&KeyRange::single(p.key.clone()), rev, 1, false)?.pop()
+        } else {
+            self.key_at_base(&p.key)?
+        };
         let kv = KeyValue {
             key: p.key.clone(),
             create_revision: prev.as_ref().map_or(rev, |kv| kv.create_revision),
@@ -243,7 +253,18 @@ impl Exec<'_> {
     /// A key's version before this txn: what etcd reports to watchers as an event's previous
     /// version (not a version this txn wrote earlier).
     fn before(&mut self, key: &[u8]) -> Result<Option<KeyValue>> {
-        Ok(self.view.scan(&KeyRange::single(key.to_vec()), self.base, 1, false)?.pop())
+        self.key_at_base(key)
+    }
+
+    /// The key's newest version at `base` (unchanged by this txn's own writes, which land at
+    /// `base + 1`), read once per txn.
+    fn key_at_base(&mut self, key: &[u8]) -> Result<Option<KeyValue>> {
+        if let Some(kv) = self.at_base.get(key) {
+            return Ok(kv.clone());
+        }
+        let kv = self.view.scan(&KeyRange::single(key.to_vec()), self.base, 1, false)?.pop();
+        self.at_base.insert(key.to_vec(), kv.clone());
+        Ok(kv)
     }
 
     fn delete(&mut self, d: &DeleteRangeRequest) -> Result<DeleteRangeResponse> {
@@ -288,4 +309,97 @@ pub fn check_compact(rev: Revision, current: Revision, compacted: Revision) -> R
         return Err(Error::Compacted { compact_revision: compacted });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemTable;
+    use crate::view::ReadView;
+
+    /// A view that counts the reads reaching it.
+    struct Counting {
+        table: MemTable,
+        scans: usize,
+    }
+
+    impl ReadView for Counting {
+        fn scan(&mut self, range: &KeyRange, rev: Revision, limit: usize, keys_only: bool) -> Result<Vec<KeyValue>> {
+            self.scans += 1;
+            self.table.scan(range, rev, limit, keys_only)
+        }
+        fn count(&mut self, range: &KeyRange, rev: Revision) -> Result<i64> {
+            self.table.count(range, rev)
+        }
+    }
+
+    impl WriteView for Counting {
+        fn revision(&self) -> Revision {
+            self.table.revision()
+        }
+        fn compact_revision(&self) -> Revision {
+            self.table.compact_revision()
+        }
+        fn keys_with_lease(&mut self, lease: LeaseId, rev: Revision) -> Result<Vec<Vec<u8>>> {
+            self.table.keys_with_lease(lease, rev)
+        }
+        fn lease(&mut self, id: LeaseId) -> Result<Option<i64>> {
+            self.table.lease(id)
+        }
+        fn insert_lease(&mut self, id: LeaseId, ttl: i64) -> Result<()> {
+            self.table.insert_lease(id, ttl)
+        }
+        fn remove_lease(&mut self, id: LeaseId) -> Result<()> {
+            self.table.remove_lease(id)
+        }
+        fn append(&mut self, rev: Revision, index: usize, event: &Event) -> Result<()> {
+            self.table.append(rev, index, event)
+        }
+    }
+
+    fn put(key: &str, value: &str) -> RequestOp {
+        RequestOp::Put(PutRequest { key: key.into(), value: value.into(), prev_kv: true, ..Default::default() })
+    }
+
+    fn txn(target: CompareTarget, success: RequestOp) -> WriteOp {
+        let compare = Compare { range: KeyRange::single("a"), result: CompareResult::Equal, target };
+        WriteOp::Txn(TxnRequest { compare: vec![compare], success: vec![success], failure: vec![] })
+    }
+
+    /// A create and a conditional update (kube-apiserver's two writes) read their key once,
+    /// though the compare, the previous version and the event's previous version all need it.
+    #[test]
+    fn a_create_or_an_update_reads_its_key_once() {
+        let mut view = Counting { table: MemTable::default(), scans: 0 };
+        let created = apply(&mut view, &txn(CompareTarget::Create(0), put("a", "1"))).unwrap();
+        assert_eq!(view.scans, 1);
+        let events = created.events.expect("a create writes");
+        assert_eq!((events.revision, events.events[0].prev_kv.is_none()), (2, true));
+
+        // The table's revision stays 1 (the memory backend advances it); the update compares
+        // against what it reads at revision 1, which holds nothing: the memo must not serve the
+        // create's own write as the key's state before the txn.
+        view.scans = 0;
+        let update = apply(&mut view, &txn(CompareTarget::Mod(2), put("a", "2"))).unwrap();
+        assert_eq!(view.scans, 1);
+        let WriteResponse::Txn(response) = update.response else { panic!("a txn answer") };
+        assert!(!response.succeeded, "the key does not exist at revision 1");
+    }
+
+    #[test]
+    fn an_update_sees_the_previous_version_for_its_answer_and_its_event() {
+        let mut table = MemTable::default();
+        let v1 =
+            KeyValue { key: "a".into(), value: "1".into(), create_revision: 1, mod_revision: 1, version: 1, lease: 0 };
+        table.append(1, 0, &Event { kind: EventKind::Put, kv: v1.clone(), prev_kv: None }).unwrap();
+        let mut view = Counting { table, scans: 0 };
+        let applied = apply(&mut view, &txn(CompareTarget::Mod(1), put("a", "2"))).unwrap();
+        assert_eq!(view.scans, 1);
+        let WriteResponse::Txn(response) = applied.response else { panic!("a txn answer") };
+        assert!(response.succeeded);
+        let ResponseOp::Put(put) = &response.responses[0] else { panic!("a put answer") };
+        assert_eq!(put.value.prev_kv.as_ref(), Some(&v1));
+        let event = &applied.events.expect("an update writes").events[0];
+        assert_eq!((event.kv.version, event.kv.create_revision, event.prev_kv.as_ref()), (2, 1, Some(&v1)));
+    }
 }
