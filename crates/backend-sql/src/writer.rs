@@ -111,6 +111,29 @@ pub fn collect_batch(
     batch
 }
 
+/// The answers to a batch's requests, in order.
+pub type Results = Vec<Result<Revisioned<WriteResponse>>>;
+
+/// How the network databases' writers (PostgreSQL, MySQL) run a batch: `attempt(false)` runs it
+/// in one transaction without savepoints and answers `None` when a request failed in the
+/// database (a PostgreSQL transaction is then aborted; a MySQL request may be half written),
+/// having rolled everything back; the batch then runs again with `attempt(true)`, each request
+/// in a savepoint, so that only that request fails.
+pub fn with_savepoints_if_needed(
+    mut attempt: impl FnMut(bool) -> anyhow::Result<Option<Results>>,
+) -> anyhow::Result<Results> {
+    match attempt(false)? {
+        Some(results) => Ok(results),
+        None => attempt(true)?.context("a write batch with savepoints did not complete"),
+    }
+}
+
+/// An error from the database rather than one of etcd's refusals (which are decided before a
+/// request writes anything, so they need no savepoint).
+pub fn failed_in_database(e: &Error) -> bool {
+    matches!(e, Error::Backend(_) | Error::Unavailable(_) | Error::NoSpace | Error::Corrupt)
+}
+
 /// State shared between the writer thread and the async side.
 pub struct Shared {
     pub current: AtomicI64,

@@ -11,7 +11,7 @@ use super::feed::Nudge;
 use super::view::MyView;
 use super::{Connector, Role, connection_lost, schema, unavailable};
 use crate::remote::Shared;
-use crate::writer::{Job, Reply, collect_batch};
+use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, with_savepoints_if_needed};
 use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
@@ -93,8 +93,6 @@ fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiv
     }
 }
 
-type Results = Vec<Result<Revisioned<WriteResponse>>>;
-
 /// Runs one batch. Returns whether the connection was lost.
 fn write_batch(
     c: &mut mysql::Conn,
@@ -103,14 +101,7 @@ fn write_batch(
     batch: Vec<(WriteOp, Reply<Revisioned<WriteResponse>>)>,
 ) -> bool {
     let ops: Vec<&WriteOp> = batch.iter().map(|(op, _)| op).collect();
-    let outcome = match attempt(c, shared, &ops, false) {
-        // A request failed in the database after writing part of itself: the batch again,
-        // each request in a savepoint, so that only that one fails.
-        Ok(None) => attempt(c, shared, &ops, true)
-            .and_then(|results| results.context("a write batch with savepoints did not complete")),
-        Ok(Some(results)) => Ok(results),
-        Err(e) => Err(e),
-    };
+    let outcome = with_savepoints_if_needed(|savepoints| attempt(c, shared, &ops, savepoints));
     match outcome {
         Ok(results) => {
             // This node's feed publishes the events (of every node, in revision order).
@@ -204,11 +195,6 @@ fn attempt(
     end += "COMMIT";
     statements(c, &end).context("advance the revision and commit")?;
     Ok(Some(results))
-}
-
-/// An error from the database rather than one of etcd's refusals.
-fn failed_in_database(e: &Error) -> bool {
-    matches!(e, Error::Backend(_) | Error::Unavailable(_) | Error::NoSpace | Error::Corrupt)
 }
 
 /// Begins the write transaction and locks the revision counter, in one round trip: the current

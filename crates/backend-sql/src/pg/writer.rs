@@ -10,7 +10,7 @@ use super::conn::{Conn, Sql};
 use super::schema;
 use super::view::PgView;
 use super::{Connector, Shared};
-use crate::writer::{Job, Reply, collect_batch};
+use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, with_savepoints_if_needed};
 use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
@@ -85,18 +85,9 @@ fn unavailable_or(e: Error, conn: &Conn) -> Error {
     }
 }
 
-type Results = Vec<Result<Revisioned<WriteResponse>>>;
-
 fn write_batch(conn: &mut Conn, shared: &Shared, batch: Vec<(WriteOp, Reply<Revisioned<WriteResponse>>)>) {
     let ops: Vec<&WriteOp> = batch.iter().map(|(op, _)| op).collect();
-    let outcome = match attempt(conn, shared, &ops, false) {
-        // A request failed in the database, which aborted the transaction: the batch again,
-        // each request in a savepoint, so that only that one fails.
-        Ok(None) => attempt(conn, shared, &ops, true)
-            .and_then(|results| results.context("a write batch with savepoints did not complete")),
-        Ok(Some(results)) => Ok(results),
-        Err(e) => Err(e),
-    };
+    let outcome = with_savepoints_if_needed(|savepoints| attempt(conn, shared, &ops, savepoints));
     match outcome {
         Ok(results) => {
             // This node's feed publishes the events (of every node, in revision order).
@@ -180,11 +171,6 @@ fn attempt(conn: &mut Conn, shared: &Shared, ops: &[&WriteOp], savepoints: bool)
     };
     conn.client().batch_execute(&end).context("advance the revision, notify the other nodes and commit")?;
     Ok(Some(results))
-}
-
-/// An error from the database rather than one of etcd's refusals.
-fn failed_in_database(e: &Error) -> bool {
-    matches!(e, Error::Backend(_) | Error::Unavailable(_) | Error::NoSpace | Error::Corrupt)
 }
 
 /// Begins the write transaction and locks the revision counter, in one round trip: the current
