@@ -63,9 +63,10 @@ impl LastError {
     }
 }
 
-/// Waits until `client` (which connects in the background) is connected, for up to `limit`;
-/// the error then names the servers and the last connection error. Refused credentials fail
-/// at once.
+/// Waits until `client` (which connects in the background) is connected and has the server's
+/// INFO, for up to `limit`; the error then names the servers and the last connection error.
+/// Refused credentials fail at once. (async-nats reports `Connected` a moment before it stores
+/// the server's INFO: until then `server_info()` is all zeros, e.g. `max_payload` 0.)
 pub async fn wait_connected(
     client: &async_nats::Client,
     servers: &[String],
@@ -73,7 +74,7 @@ pub async fn wait_connected(
     limit: Duration,
 ) -> Result<()> {
     let started = std::time::Instant::now();
-    while client.connection_state() != async_nats::connection::State::Connected {
+    while client.connection_state() != async_nats::connection::State::Connected || client.try_server_info().is_none() {
         // Wrong credentials do not fix themselves: say so at once.
         if let Some(e) = last.get().filter(|e| e.contains("authorization violation")) {
             bail!("NATS at {} refused the credentials: {e}", shown(servers));
