@@ -56,6 +56,7 @@ async fn context_file_gives_url_and_credentials() {
 
     // A context file that cannot be read is a start-up error naming it.
     let out = std::process::Command::new(common::BIN)
+        .env("KINE_METRICS_BIND_ADDRESS", "0")
         .args(["--listen-address", "127.0.0.1:0", "--endpoint", "nats://?noEmbed&contextFile=/nonexistent/ctx.json"])
         .output()
         .unwrap();
@@ -136,6 +137,7 @@ async fn sigterm_while_waiting_for_nats_exits_cleanly() {
     use std::time::{Duration, Instant};
     let endpoint = format!("nats://127.0.0.1:{}?noEmbed", kine_testkit::nats::free_port());
     let mut child = std::process::Command::new(common::BIN)
+        .env("KINE_METRICS_BIND_ADDRESS", "0")
         .args(["--listen-address", "127.0.0.1:0", "--endpoint", &endpoint])
         .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())

@@ -10,6 +10,7 @@ use kine_testkit::nats::NatsServer;
 
 fn start_error(endpoint: &str) -> String {
     let out = std::process::Command::new(common::BIN)
+        .env("KINE_METRICS_BIND_ADDRESS", "0")
         .args(["--listen-address", "127.0.0.1:0", "--endpoint", endpoint])
         .output()
         .expect("run kine-rs");
