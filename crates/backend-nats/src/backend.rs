@@ -13,6 +13,7 @@
 mod barrier;
 mod consumer;
 mod leader;
+mod local;
 mod replica;
 mod setup;
 
@@ -33,6 +34,8 @@ use kine_core::request::{
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
 use kine_core::{Error, KeyRange, LeaseId, RangeEnd, Result, Revision, RevisionEvents, range};
+pub use local::LocalServer;
+use local::LocalStream;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,12 +58,15 @@ pub struct NatsOptions {
     /// The largest write kine-rs accepts (`--max-request-bytes`): NATS should take messages
     /// that large.
     pub max_request_bytes: usize,
+    /// The NATS server in this process (the embedded one), which answers read barriers
+    /// in-process while it leads the bucket's stream.
+    pub local: Option<Arc<dyn LocalServer>>,
 }
 
 impl NatsOptions {
     /// Options without datastore TLS, for etcd's request limit (1.5 MiB).
     pub fn new(config: NatsConfig) -> NatsOptions {
-        NatsOptions { config, tls: ClientTls::default(), max_request_bytes: 1536 * 1024 }
+        NatsOptions { config, tls: ClientTls::default(), max_request_bytes: 1536 * 1024, local: None }
     }
 }
 
@@ -85,6 +91,8 @@ struct Inner {
     target: watch::Sender<Revision>,
     /// The read barrier's requests to the stream leader, shared by concurrent reads.
     rounds: barrier::Rounds,
+    /// The stream on the NATS server in this process, which answers barriers while it leads.
+    local: Option<LocalStream>,
     feed: broadcast::Sender<Arc<RevisionEvents>>,
     /// Which of this process's writes may be in flight together (see `write_locks`).
     locks: WriteLocks,
@@ -185,10 +193,13 @@ impl NatsBackend {
         .await?;
         let (feed, _) = broadcast::channel(FEED_CAPACITY);
         let member_id = kine_core::id::random_nonzero();
+        let local =
+            options.local.clone().and_then(|server| LocalStream::bind(server, &client, &format!("KV_{}", cfg.bucket)));
         let inner = Arc::new(Inner {
             bucket: cfg.bucket.clone(),
             client,
             rounds: barrier::Rounds::new(js.clone(), format!("KV_{}", cfg.bucket)),
+            local,
             js,
             stream_name: format!("KV_{}", cfg.bucket),
             stream,
@@ -357,11 +368,15 @@ impl Inner {
     }
 
     /// Linearizability: wait until the replica holds everything the stream leader holds now.
-    /// Costs one shared request to the leader (see `barrier`), whatever the bucket holds.
+    /// Costs one shared request to the leader (see `barrier`), whatever the bucket holds, or
+    /// none when the leader is the server in this process (see `local`).
     async fn barrier(&self) -> Result<()> {
         self.check_open()?;
         let started = Instant::now();
-        let last = self.rounds.stream_state().await?.last;
+        let last = match self.local.as_ref().and_then(LocalStream::last) {
+            Some(last) => last,
+            None => self.rounds.stream_state().await?.last,
+        };
         self.target.send_if_modified(|t| {
             let newer = last > *t;
             *t = (*t).max(last);

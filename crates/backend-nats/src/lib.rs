@@ -9,4 +9,4 @@ pub mod connect;
 pub mod message;
 mod write_locks;
 
-pub use backend::{NatsBackend, NatsOptions};
+pub use backend::{LocalServer, NatsBackend, NatsOptions};

@@ -51,6 +51,16 @@ async fn shutdown_embedded(embedded: Embedded) {
     let _ = embedded;
 }
 
+/// The embedded server, which answers the NATS backend's read barriers in-process.
+#[cfg(feature = "embedded-nats")]
+fn local_server(embedded: &Embedded) -> Option<Arc<dyn kine_backend_nats::LocalServer>> {
+    embedded.as_ref().map(crate::embedded::Embedded::local)
+}
+#[cfg(not(feature = "embedded-nats"))]
+fn local_server(_: &Embedded) -> Option<Arc<dyn kine_backend_nats::LocalServer>> {
+    None
+}
+
 #[cfg(feature = "embedded-nats")]
 async fn start_embedded(
     config: kine_backend_nats::config::NatsConfig,
@@ -159,7 +169,8 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             };
             let max_request_bytes = cli.max_request_bytes as usize;
             let (embedded, config) = start_embedded(*config, max_request_bytes, stop).await?;
-            let options = kine_backend_nats::NatsOptions { config, tls, max_request_bytes };
+            let local = local_server(&embedded);
+            let options = kine_backend_nats::NatsOptions { config, tls, max_request_bytes, local };
             // Opening waits for NATS (connection, a forming cluster, loading the bucket): a
             // shutdown signal ends the wait.
             let mut stop = stop.clone();

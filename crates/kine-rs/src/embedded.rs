@@ -6,9 +6,11 @@
 //! that only this process knows. JetStream is stored in `./db/nats`.
 
 use anyhow::{Result, anyhow, bail};
+use kine_backend_nats::LocalServer;
 use kine_backend_nats::config::{Credentials, NatsConfig};
 use kine_core::shutdown::Shutdown;
 use kine_nats_embed::{EmbeddedServer, Options, Readiness};
+use std::ffi::CStr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,10 +25,33 @@ pub struct Embedded {
 }
 
 impl Embedded {
+    /// The server as the NATS backend sees it: it answers read barriers in-process.
+    pub fn local(&self) -> Arc<dyn LocalServer> {
+        Arc::new(Local(self.server.clone()))
+    }
+
     pub async fn shutdown(self) {
         let server = self.server.clone();
         let _ = tokio::task::spawn_blocking(move || server.shutdown()).await;
         tracing::info!("embedded NATS server stopped");
+    }
+}
+
+struct Local(Arc<EmbeddedServer>);
+
+impl std::fmt::Debug for Local {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the embedded NATS server")
+    }
+}
+
+impl LocalServer for Local {
+    fn account_of(&self, server_id: &str, client_id: u64) -> Option<String> {
+        self.0.account_of(server_id, client_id)
+    }
+
+    fn stream_last_seq(&self, account: &CStr, stream: &CStr) -> Option<u64> {
+        self.0.stream_last_seq(account, stream)
     }
 }
 

@@ -213,6 +213,62 @@ async fn url_credentials_protect_the_embedded_port() {
     assert_eq!(b.get("shared", None).await.unwrap().kvs()[0].value(), b"1");
 }
 
+/// One JetStream API request on a NATS port (raw protocol) and its answer.
+fn js_api_request(addr: &str, user: &str, password: &str, subject: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let connect = format!("CONNECT {{\"verbose\":false,\"user\":\"{user}\",\"pass\":\"{password}\"}}\r\n");
+    stream.write_all(format!("{connect}SUB _INBOX.api 1\r\nPUB {subject} _INBOX.api 0\r\n\r\n").as_bytes()).unwrap();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        if line.starts_with("MSG ") {
+            let size: usize = line.split_whitespace().last().unwrap().parse().unwrap();
+            let mut payload = vec![0; size + 2];
+            reader.read_exact(&mut payload).unwrap();
+            return String::from_utf8_lossy(&payload[..size]).into_owned();
+        }
+        assert!(!line.starts_with("-ERR"), "{line}");
+    }
+}
+
+/// Reads on the embedded server's node ask that server for the stream's last sequence
+/// in-process (no JetStream API request per read), and still see at once what another node
+/// wrote through the same server.
+#[tokio::test]
+async fn read_barriers_on_the_embedded_server_are_in_process_and_linearizable() {
+    let dir = TempDir::new("local-barrier");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let server = Server::start(&["--endpoint", &format!("nats://kine:s3cret@{addr}?dataDir={}", dir.path().display())]);
+    let other = Server::start(&["--endpoint", &format!("nats://kine:s3cret@{addr}?noEmbed&bucket=kine")]);
+    let mut a = server.client().await;
+    let mut b = other.client().await;
+    for i in 0..300 {
+        let rev = b.put(format!("k{}", i % 7), format!("{i}"), None).await.unwrap().header().unwrap().revision();
+        let got = a.get(format!("k{}", i % 7), None).await.unwrap();
+        assert_eq!((got.kvs()[0].mod_revision(), got.kvs()[0].value()), (rev, format!("{i}").as_bytes()));
+        assert!(got.header().unwrap().revision() >= rev);
+    }
+    let api_total = || json_number(&js_api_request(&addr, "kine", "s3cret", "$JS.API.INFO"), "total").unwrap();
+    let before = api_total();
+    for i in 0..500 {
+        a.get(format!("k{}", i % 7), None).await.unwrap();
+    }
+    let requests = api_total() - before - 1;
+    assert!(requests < 50, "500 reads made {requests} JetStream API requests");
+    // The node on the external connection asks the leader over NATS: one request per read.
+    let before = api_total();
+    for i in 0..100 {
+        b.get(format!("k{}", i % 7), None).await.unwrap();
+    }
+    let requests = api_total() - before - 1;
+    assert!(requests >= 100, "100 reads through the network made only {requests} JetStream API requests");
+}
+
 #[tokio::test]
 async fn no_embed_uses_an_external_server() {
     let nats = NatsServer::start();
@@ -242,6 +298,7 @@ async fn startup_errors_name_the_problem() {
     let bad = format!("nats://?serverConfig={}", bad_config.display());
     for (endpoint, expected) in cases.iter().map(|(e, m)| (e.as_str(), *m)).chain([(bad.as_str(), "serverConfig")]) {
         let out = std::process::Command::new(common::BIN)
+            .env("KINE_METRICS_BIND_ADDRESS", "0")
             .args(["--listen-address", "127.0.0.1:0", "--endpoint", endpoint])
             .current_dir(dir.path())
             .output()
@@ -258,16 +315,18 @@ async fn stdout_logging_prints_the_server_log() {
     let dir = TempDir::new("stdout");
     let endpoint = format!("nats://?stdoutLogging&dataDir={}", dir.path().display());
     let mut child = std::process::Command::new(common::BIN)
+        .env("KINE_METRICS_BIND_ADDRESS", "0")
         .args(["--listen-address", "127.0.0.1:0", "--endpoint", &endpoint])
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap())
         .spawn()
         .unwrap();
+    let stderr = || std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = String::new();
     while !seen.contains("Server is ready") {
-        assert!(Instant::now() < deadline, "no server log on stdout:\n{seen}");
+        assert!(Instant::now() < deadline, "no server log on stdout:\n{seen}\nstderr:\n{}", stderr());
         let mut line = String::new();
         if stdout.read_line(&mut line).unwrap() == 0 {
             break;
@@ -276,7 +335,7 @@ async fn stdout_logging_prints_the_server_log() {
     }
     let _ = child.kill();
     let _ = child.wait();
-    assert!(seen.contains("Starting nats-server"), "{seen}");
+    assert!(seen.contains("Starting nats-server"), "stdout:\n{seen}\nstderr:\n{}", stderr());
     assert!(seen.contains("Listening for client connections on 127.0.0.1:"), "{seen}");
 }
 

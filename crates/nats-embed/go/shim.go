@@ -292,6 +292,64 @@ func KineNatsInfo() *C.char {
 	return cstr(string(out))
 }
 
+// KineNatsAccountOf names the account of the client connection with id cid on the server
+// with id serverID (both from the INFO the server sent that connection); NULL when this
+// server is not serverID or knows no such connection.
+//
+//export KineNatsAccountOf
+func KineNatsAccountOf(serverID *C.char, cid C.ulonglong) *C.char {
+	mu.Lock()
+	s := srv
+	mu.Unlock()
+	if s == nil || s.ID() != C.GoString(serverID) {
+		return nil
+	}
+	connz, err := s.Connz(&server.ConnzOptions{CID: uint64(cid), Username: true})
+	if err != nil || len(connz.Conns) != 1 || connz.Conns[0].Cid != uint64(cid) {
+		return nil
+	}
+	// Connz leaves out the global account's name.
+	if connz.Conns[0].Account == "" {
+		return cstr(server.DEFAULT_GLOBAL_ACCOUNT)
+	}
+	return cstr(connz.Conns[0].Account)
+}
+
+// KineNatsStreamLastSeq returns the last sequence of stream in account as this server holds
+// it, when this server may answer for the stream as its leader would (a server without a
+// cluster holds its streams alone; in a cluster, only the stream's current leader); -1
+// otherwise (not leader, no such stream here, server gone). It is what STREAM.INFO's leader
+// would answer, read in-process.
+//
+//export KineNatsStreamLastSeq
+func KineNatsStreamLastSeq(account, stream *C.char) C.longlong {
+	mu.Lock()
+	s := srv
+	mu.Unlock()
+	if s == nil {
+		return -1
+	}
+	acc, name := C.GoString(account), C.GoString(stream)
+	clustered := s.JetStreamIsClustered()
+	if clustered && !s.JetStreamIsStreamLeader(acc, name) {
+		return -1
+	}
+	detail, err := s.JszAccount(&server.JSzOptions{Account: acc, Streams: true})
+	if err != nil {
+		return -1
+	}
+	for _, st := range detail.Streams {
+		if st.Name != name {
+			continue
+		}
+		if clustered && (st.Cluster == nil || st.Cluster.Leader != s.Name()) {
+			return -1
+		}
+		return C.longlong(st.State.LastSeq)
+	}
+	return -1
+}
+
 // KineNatsNextLog returns the next warning or error line ("W..." / "E..." / "F..."), NULL
 // after timeoutMs without one, or "" once the server is shut down and all lines are read.
 //

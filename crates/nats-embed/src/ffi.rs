@@ -26,6 +26,8 @@ struct Shim {
     info: StrFn,
     next_log: TimeoutFn,
     shutdown: unsafe extern "C" fn(),
+    account_of: unsafe extern "C" fn(*const c_char, u64) -> *mut c_char,
+    stream_last_seq: unsafe extern "C" fn(*const c_char, *const c_char) -> i64,
     free: unsafe extern "C" fn(*mut c_char),
 }
 
@@ -91,6 +93,13 @@ fn load() -> Result<Shim, String> {
             info: std::mem::transmute::<*mut c_void, StrFn>(symbol(c"KineNatsInfo")?),
             next_log: std::mem::transmute::<*mut c_void, TimeoutFn>(symbol(c"KineNatsNextLog")?),
             shutdown: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(symbol(c"KineNatsShutdown")?),
+            account_of: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char, u64) -> *mut c_char>(
+                symbol(c"KineNatsAccountOf")?,
+            ),
+            stream_last_seq: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*const c_char, *const c_char) -> i64,
+            >(symbol(c"KineNatsStreamLastSeq")?),
             free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_char)>(symbol(c"KineNatsFree")?),
         })
     }
@@ -158,6 +167,23 @@ pub fn next_log(timeout: std::time::Duration) -> Option<String> {
     let Some(shim) = loaded() else { return Some(String::new()) };
     // SAFETY: plain call; the result is handled by `take`.
     take(shim, unsafe { (shim.next_log)(clamp_ms(timeout.as_millis())) })
+}
+
+/// The account of the client connection `cid` of the server `server_id`; `None` if unknown.
+pub fn account_of(server_id: &str, cid: u64) -> Option<String> {
+    let shim = loaded()?;
+    let server_id = CString::new(server_id).ok()?;
+    // SAFETY: `server_id` is a valid C string that outlives the call (Go copies it); the
+    // result is handled by `take`.
+    take(shim, unsafe { (shim.account_of)(server_id.as_ptr(), cid) })
+}
+
+/// The last sequence of `stream` in `account` if this server may answer for its leader.
+pub fn stream_last_seq(account: &CStr, stream: &CStr) -> Option<u64> {
+    let shim = loaded()?;
+    // SAFETY: both are valid C strings that outlive the call; Go copies them.
+    let seq = unsafe { (shim.stream_last_seq)(account.as_ptr(), stream.as_ptr()) };
+    u64::try_from(seq).ok()
 }
 
 /// Stops the server and waits for it; idempotent, and nothing to do if it was never loaded.

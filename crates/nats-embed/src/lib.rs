@@ -7,6 +7,7 @@
 mod ffi;
 
 use serde::{Deserialize, Serialize};
+use std::ffi::CStr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -176,6 +177,24 @@ impl EmbeddedServer {
     pub fn info(&self) -> Result<ServerInfo, String> {
         let json = ffi::info().ok_or("the embedded NATS server is not running")?;
         serde_json::from_str(&json).map_err(|e| format!("bad server info {json:?}: {e}"))
+    }
+
+    /// The account of the client connection `client_id` if this server is `server_id` (both
+    /// are in the INFO the server sent that connection); `None` if this server is another or
+    /// knows no such connection.
+    pub fn account_of(&self, server_id: &str, client_id: u64) -> Option<String> {
+        ffi::account_of(server_id, client_id)
+    }
+
+    /// The last sequence of `stream` in `account`, read in-process, when this server answers
+    /// for the stream's leader: a server outside a cluster always (it holds its streams
+    /// alone), in a cluster only while it leads the stream. `None` otherwise: ask the leader
+    /// over NATS. What STREAM.INFO would answer, without the round trip.
+    pub fn stream_last_seq(&self, account: &CStr, stream: &CStr) -> Option<u64> {
+        if self.stopped.load(Ordering::SeqCst) {
+            return None;
+        }
+        ffi::stream_last_seq(account, stream)
     }
 
     /// Stops the server (JetStream flushes its store) and waits for it. Idempotent.
