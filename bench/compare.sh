@@ -11,10 +11,14 @@
 #   kine-nats         23802  Go kine on NATS JetStream: the shared nats-server, bucket gokine
 #   kine-postgres     23803  Go kine on PostgreSQL: the shared throwaway server, database gokine
 #   kine-mysql        23804  Go kine on MariaDB: the shared throwaway server, database gokine
+#   kine-nats-embedded 23805 Go kine on its embedded NATS server (nats://?dataDir=, in the
+#                            process, its own store)
 #   kine-rs-sqlite    23811  kine-rs (target/release/kine-rs) on SQLite, a temp file
 #   kine-rs-nats      23812  kine-rs on the same nats-server, bucket kiners
 #   kine-rs-postgres  23813  kine-rs on the same PostgreSQL, database kiners
 #   kine-rs-mysql     23814  kine-rs on the same MariaDB, database kiners
+#   kine-rs-nats-embedded 23815 kine-rs on its embedded NATS server (nats://?dataDir=), the
+#                            default a `nats://` endpoint gets
 # One nats-server (-js, port 23820) and throwaway PostgreSQL and MariaDB servers
 # (scripts/pg-throwaway.sh, scripts/mysql-throwaway.sh) serve both kines.
 #
@@ -33,8 +37,8 @@
 # the kines' Prometheus listeners are off (--metrics-bind-address 0).
 #
 # Server CPU and RSS are those of the process serving the etcd API; for the NATS, PostgreSQL
-# and MariaDB rows the datastore's own CPU and memory are not counted (for etcd and SQLite
-# they are, in-process).
+# and MariaDB rows the datastore's own CPU and memory are not counted (for etcd, SQLite and
+# the embedded NATS servers they are, in-process).
 #
 # Needs: target/release/kine-rs and target/release/kine-rs-bench (cargo build --release -p
 # kine-rs -p kine-rs-bench); etcd-3.6 and nats-server in $(go env GOPATH)/bin
@@ -129,12 +133,16 @@ start kine-nats 23802 "$gokine" --listen-address 127.0.0.1:23802 --metrics-bind-
 start kine-postgres 23803 "$gokine" --listen-address 127.0.0.1:23803 --metrics-bind-address 0 \
     --endpoint "$pg/gokine?sslmode=disable"
 start kine-mysql 23804 "$gokine" --listen-address 127.0.0.1:23804 --metrics-bind-address 0 --endpoint "$my/gokine"
+start kine-nats-embedded 23805 "$gokine" --listen-address 127.0.0.1:23805 --metrics-bind-address 0 \
+    --endpoint "nats://?dataDir=$data/kine-nats-embedded"
 start kine-rs-sqlite 23811 "$kine_rs" --listen-address 127.0.0.1:23811 --metrics-bind-address 0 \
     --endpoint "sqlite://$data/kine-rs-sqlite/state.db"
 start kine-rs-nats 23812 "$kine_rs" --listen-address 127.0.0.1:23812 --metrics-bind-address 0 --endpoint "$nats_url&bucket=kiners"
 start kine-rs-postgres 23813 "$kine_rs" --listen-address 127.0.0.1:23813 --metrics-bind-address 0 \
     --endpoint "$pg/kiners?sslmode=disable"
 start kine-rs-mysql 23814 "$kine_rs" --listen-address 127.0.0.1:23814 --metrics-bind-address 0 --endpoint "$my/kiners"
+start kine-rs-nats-embedded 23815 "$kine_rs" --listen-address 127.0.0.1:23815 --metrics-bind-address 0 \
+    --endpoint "nats://?dataDir=$data/kine-rs-nats-embedded"
 
 # Ready = a first key written (etcd may listen before it has a leader); then the preload of
 # both shapes, then the idle memory.
@@ -203,7 +211,7 @@ for round in $(seq "$rounds"); do
 done
 echo
 bench/summarize.py --baseline etcd \
-    --pair kine-rs-sqlite=kine-sqlite,kine-rs-nats=kine-nats,kine-rs-postgres=kine-postgres,kine-rs-mysql=kine-mysql \
+    --pair kine-rs-sqlite=kine-sqlite,kine-rs-nats=kine-nats,kine-rs-postgres=kine-postgres,kine-rs-mysql=kine-mysql,kine-rs-nats-embedded=kine-nats-embedded \
     <"$runs" | tee "$out/summary.md"
 echo
 echo "compare.sh: report lines in $runs, tables in $out/summary.md"
