@@ -193,15 +193,15 @@ impl NatsBackend {
         .await?;
         let (feed, _) = broadcast::channel(FEED_CAPACITY);
         let member_id = kine_core::id::random_nonzero();
-        let local =
-            options.local.clone().and_then(|server| LocalStream::bind(server, &client, &format!("KV_{}", cfg.bucket)));
+        let stream_name = format!("KV_{}", cfg.bucket);
+        let local = options.local.clone().and_then(|server| LocalStream::bind(server, &client, &stream_name));
         let inner = Arc::new(Inner {
             bucket: cfg.bucket.clone(),
             client,
-            rounds: barrier::Rounds::new(js.clone(), format!("KV_{}", cfg.bucket)),
+            rounds: barrier::Rounds::new(js.clone(), stream_name.clone()),
             local,
             js,
-            stream_name: format!("KV_{}", cfg.bucket),
+            stream_name,
             stream,
             meta,
             table: Mutex::new(MemTable::at(0)),
