@@ -1,6 +1,6 @@
 //! The one seam between the etcd semantics and a datastore.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::request::{RangeRequest, RangeResponse, Revisioned};
 use crate::txn::{WriteOp, WriteResponse};
 use crate::types::{KeyRange, LeaseId, Revision, RevisionEvents};
@@ -75,6 +75,83 @@ pub trait Backend: Send + Sync + 'static {
     fn lease_updates(&self) -> Option<broadcast::Receiver<LeaseUpdate>> {
         None
     }
+
+    /// What this node may do with its datastore (cheap: asked before every write).
+    fn role(&self) -> Role {
+        Role::Primary
+    }
+
+    /// For a copy: how far it is behind its origin.
+    fn replication(&self) -> Option<Replication> {
+        None
+    }
+
+    /// Turns a copy into a writable primary (etcd's MemberPromote of a learner). Returns once
+    /// this node accepts writes.
+    async fn promote(&self) -> Result<Promotion> {
+        Err(Error::NotLearner)
+    }
+}
+
+/// What a node may do with its datastore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Reads and writes.
+    Primary,
+    /// Reads only: a copy that follows another datastore asynchronously (what etcd calls a
+    /// learner). `origin` names what it copies, for error messages and logs.
+    Copy { origin: Arc<str> },
+    /// Reads only: a copy of this datastore was promoted to primary in its place. `by` says which
+    /// and at what revision.
+    Superseded { by: Arc<str> },
+}
+
+impl Role {
+    /// The error a write gets from a node in this role (`None`: writes are served). The code and
+    /// the start of the text are etcd's for a learner.
+    pub fn refusal(&self) -> Option<Error> {
+        match self {
+            Role::Primary => None,
+            Role::Copy { origin } => Some(Error::ReadOnly(format!(
+                "this kine-rs node serves a read-only copy of {origin}; write to the origin"
+            ))),
+            Role::Superseded { by } => Some(Error::ReadOnly(format!(
+                "this datastore was superseded by {by}; it is read-only here (see docs/nats.md, \"Promotion\")"
+            ))),
+        }
+    }
+
+    pub fn is_learner(&self) -> bool {
+        !matches!(self, Role::Primary)
+    }
+}
+
+/// How far a copy is behind its origin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replication {
+    /// What the copy follows.
+    pub origin: Arc<str>,
+    /// Revisions the origin holds that this copy has not applied yet.
+    pub lag_revisions: i64,
+    /// How old the copy's view may be: 0 when it holds everything the origin has, else the age
+    /// of the newest change it applied (an upper bound, in the origin's clock).
+    pub lag_seconds: f64,
+    /// The link to the origin works (the copy heard from it recently and reports no error).
+    pub link_up: bool,
+    /// Why the link is down, when known.
+    pub link_error: Option<String>,
+    /// Seconds since the copy last heard from its origin (`None`: never).
+    pub last_contact_seconds: Option<f64>,
+}
+
+/// What a promotion did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Promotion {
+    /// The revision the new primary continues from.
+    pub revision: Revision,
+    /// Whether the old origin was reached and told it is superseded (else it is told once it
+    /// can be reached).
+    pub origin_fenced: bool,
 }
 
 /// A lease change seen in a shared datastore.

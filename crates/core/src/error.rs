@@ -37,6 +37,15 @@ pub enum Error {
     /// A CORRUPT alarm is active: writes are refused until it is deactivated.
     #[error("corrupt cluster")]
     Corrupt,
+    /// A write on a node that serves a read-only copy (an etcd learner); the text says why and
+    /// names the origin.
+    #[error("rpc not supported for learner: {0}")]
+    ReadOnly(String),
+    /// MemberPromote of a member that is not a learner (not a copy, or promoted already).
+    #[error("can only promote a learner member")]
+    NotLearner,
+    #[error("member not found")]
+    MemberNotFound,
     /// A request field or RPC kine-rs does not support; the text names it.
     #[error("{0}")]
     Unsupported(String),

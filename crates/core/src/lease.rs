@@ -171,12 +171,16 @@ impl Lessor {
         ids
     }
 
-    /// Revokes leases as they expire, until shutdown.
+    /// Revokes leases as they expire, until shutdown. A node that cannot write (a read-only
+    /// copy) revokes nothing: the origin does. When such a node becomes writable (a promoted
+    /// copy) every lease gets its full TTL from then on, as etcd's new leader gives them.
     pub async fn run_expiry(self: Arc<Self>, mut shutdown: Shutdown) {
+        let mut writable = self.backend.role().refusal().is_none();
         loop {
             let wake = {
                 let leases = self.state();
-                let next = leases.values().map(|l| l.deadline).min();
+                // Expired leases wait on a node that cannot revoke them: no busy loop.
+                let next = leases.values().map(|l| l.deadline).min().filter(|_| writable);
                 let cap = Instant::now() + CHECK_INTERVAL;
                 next.map_or(cap, |d| d.min(cap))
             };
@@ -186,6 +190,21 @@ impl Lessor {
                 _ = self.changed.notified() => continue,
             }
             let now = Instant::now();
+            match (writable, self.backend.role().refusal().is_none()) {
+                (_, false) => {
+                    writable = false;
+                    continue;
+                }
+                (false, true) => {
+                    writable = true;
+                    for lease in self.state().values_mut() {
+                        lease.deadline = now + secs(lease.ttl);
+                    }
+                    tracing::info!("this node now writes: every lease's TTL starts again");
+                    continue;
+                }
+                (true, true) => {}
+            }
             let expired: Vec<LeaseId> =
                 self.state().iter().filter(|(_, l)| l.deadline <= now).map(|(id, _)| *id).collect();
             for id in expired {

@@ -3,7 +3,7 @@
 //! `kine_sql_*` names; operations slower than the slow threshold (kine's
 //! `--slow-sql-threshold`) are logged once each with what they touched.
 
-use crate::backend::{Backend, BackendStatus, LeaseUpdate, Revisions};
+use crate::backend::{Backend, BackendStatus, LeaseUpdate, Promotion, Replication, Revisions, Role};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::request::{RangeRequest, RangeResponse, Revisioned};
@@ -74,6 +74,8 @@ pub fn error_code(e: &Error) -> &'static str {
         Error::NoSpace => "no_space",
         Error::Corrupt => "corrupt",
         Error::Unsupported(_) => "unsupported",
+        Error::ReadOnly(_) => "read_only",
+        Error::NotLearner | Error::MemberNotFound => "not_learner",
         Error::Unavailable(_) => "unavailable",
         Error::Backend(_) => "backend",
     }
@@ -196,5 +198,17 @@ impl Backend for Metered {
 
     fn lease_updates(&self) -> Option<broadcast::Receiver<LeaseUpdate>> {
         self.inner.lease_updates()
+    }
+
+    fn role(&self) -> Role {
+        self.inner.role()
+    }
+
+    fn replication(&self) -> Option<Replication> {
+        self.inner.replication()
+    }
+
+    async fn promote(&self) -> Result<Promotion> {
+        self.observe("Promote", String::new, self.inner.promote()).await
     }
 }

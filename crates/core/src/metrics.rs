@@ -46,6 +46,13 @@ pub struct Metrics {
     pub grpc_seconds: HistogramVec,
     pub health_success: IntCounter,
     pub health_failures: IntCounter,
+    /// etcd's: 1 while this node serves a read-only copy (or a superseded datastore).
+    pub is_learner: IntGauge,
+    /// A read-only copy's distance to its origin (docs/nats.md, "Lag"); 0 elsewhere.
+    pub copy_lag_revisions: IntGauge,
+    pub copy_lag_seconds: prometheus::Gauge,
+    pub copy_link_up: IntGauge,
+    pub copy_last_contact_seconds: prometheus::Gauge,
     pub build_info: IntGaugeVec,
     pub server_version: IntGaugeVec,
     pub process_cpu_seconds: prometheus::Gauge,
@@ -100,6 +107,11 @@ impl Metrics {
             .buckets(prometheus::exponential_buckets(100.0, 2.0, 14)?),
         )?;
         registry.register(Box::new(compaction_ms.clone()))?;
+        let float_gauge = |name: &str, help: &str| -> prometheus::Result<prometheus::Gauge> {
+            let g = prometheus::Gauge::new(name, help)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
         Ok(Metrics {
             backend_total: counter_vec(
                 "kine_backend_total",
@@ -184,6 +196,23 @@ impl Metrics {
             )?,
             health_success: counter("etcd_server_health_success", "The total number of successful health checks")?,
             health_failures: counter("etcd_server_health_failures", "The total number of failed health checks")?,
+            is_learner: gauge(
+                "etcd_server_is_learner",
+                "Whether or not this member is a learner. 1 if is, 0 otherwise.",
+            )?,
+            copy_lag_revisions: gauge(
+                "kine_copy_lag_revisions",
+                "Read-only copy: revisions its origin holds that it has not applied yet.",
+            )?,
+            copy_lag_seconds: float_gauge(
+                "kine_copy_lag_seconds",
+                "Read-only copy: 0 when up to date, else the age of the newest change it applied (origin's clock).",
+            )?,
+            copy_link_up: gauge("kine_copy_link_up", "Read-only copy: 1 while the link to its origin works, else 0.")?,
+            copy_last_contact_seconds: float_gauge(
+                "kine_copy_last_contact_seconds",
+                "Read-only copy: seconds since it last heard from its origin (-1: never).",
+            )?,
             build_info: gauge_vec(
                 "kine_build_info",
                 "kine-rs build: version, commit and cargo features; always 1.",

@@ -2,7 +2,7 @@
 //! This is what the gRPC layer calls; it knows nothing of gRPC.
 
 use crate::alarm::{Access, Alarm, AlarmKind, Alarms};
-use crate::backend::{Backend, BackendStatus};
+use crate::backend::{Backend, BackendStatus, Promotion};
 use crate::compactor::{self, CompactOptions};
 use crate::error::{Error, Result};
 use crate::lease::{Lessor, TimeToLive};
@@ -68,6 +68,22 @@ impl Store {
         &self.backend
     }
 
+    /// Refuses writes on a node that serves a read-only copy (an etcd learner).
+    fn writable(&self) -> Result<()> {
+        match self.backend.role().refusal() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// etcd's MemberPromote: turns this node, a read-only copy, into a writable primary.
+    pub async fn promote(&self, member_id: u64) -> Result<Promotion> {
+        if member_id != self.backend.member_id() {
+            return Err(Error::MemberNotFound);
+        }
+        self.backend.promote().await
+    }
+
     pub async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
         validate::range(&req)?;
         // Every read is linearizable here, which also satisfies a serializable request.
@@ -75,6 +91,9 @@ impl Store {
     }
 
     async fn txn_raw(&self, t: TxnRequest) -> Result<Revisioned<TxnResponse>> {
+        if crate::alarm::txn_writes(&t) {
+            self.writable()?;
+        }
         if crate::alarm::txn_puts(&t) {
             self.alarms.check(Access::Grow)?;
         } else if crate::alarm::txn_writes(&t) {
@@ -88,6 +107,8 @@ impl Store {
     }
 
     pub async fn put(&self, req: PutRequest) -> Result<Revisioned<PutResponse>> {
+        // A node that cannot write refuses before looking at the request, as etcd's learner.
+        self.writable()?;
         validate::put(&req)?;
         // A Put RPC checks its lease before its key (a put in a Txn the other way round); the
         // order shows only when both are missing.
@@ -102,6 +123,7 @@ impl Store {
     }
 
     pub async fn delete_range(&self, req: DeleteRangeRequest) -> Result<Revisioned<DeleteRangeResponse>> {
+        self.writable()?;
         validate::delete_range(&req)?;
         let r = self.txn_raw(TxnRequest { success: vec![RequestOp::DeleteRange(req)], ..Default::default() }).await?;
         match r.value.responses.into_iter().next() {
@@ -111,12 +133,16 @@ impl Store {
     }
 
     pub async fn txn(&self, req: TxnRequest) -> Result<Revisioned<TxnResponse>> {
+        if crate::alarm::txn_writes(&req) {
+            self.writable()?;
+        }
         validate::txn(&req)?;
         self.txn_raw(req).await
     }
 
     /// Compacts to `revision`. Returns the current revision.
     pub async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.writable()?;
         self.alarms.check(Access::Write)?;
         let started = std::time::Instant::now();
         let result = self.backend.compact(revision).await;
@@ -127,12 +153,14 @@ impl Store {
     }
 
     pub async fn lease_grant(&self, id: LeaseId, ttl: i64) -> Result<(LeaseId, i64, Revision)> {
+        self.writable()?;
         self.alarms.check(Access::Grow)?;
         let (id, ttl) = self.lessor.grant(id, ttl).await.inspect_err(|e| self.raise_on_full(e))?;
         Ok((id, ttl, self.backend.revisions().await?.current))
     }
 
     pub async fn lease_revoke(&self, id: LeaseId) -> Result<Revision> {
+        self.writable()?;
         self.alarms.check(Access::Write)?;
         self.lessor.revoke(id).await
     }
@@ -193,6 +221,7 @@ impl Store {
     }
 
     pub async fn lease_keep_alive(&self, id: LeaseId) -> Result<i64> {
+        self.writable()?;
         self.lessor.keep_alive(id).await
     }
 

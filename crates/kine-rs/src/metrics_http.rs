@@ -133,24 +133,42 @@ async fn refresh(store: &Store) {
     // Through the metered backend, these calls set the revision and size gauges.
     let _ = tokio::time::timeout(limit, backend.revisions()).await;
     let _ = tokio::time::timeout(limit, backend.status()).await;
-    metrics().leases_alive.set(store.lease_list().len() as i64);
+    let m = metrics();
+    m.leases_alive.set(store.lease_list().len() as i64);
+    m.is_learner.set(i64::from(backend.role().is_learner()));
+    if let Some(r) = backend.replication() {
+        m.copy_lag_revisions.set(r.lag_revisions);
+        m.copy_lag_seconds.set(r.lag_seconds);
+        m.copy_link_up.set(i64::from(r.link_up));
+        m.copy_last_contact_seconds.set(r.last_contact_seconds.unwrap_or(-1.0));
+    }
 }
 
 /// etcd's `/health`: `{"health":"true","reason":""}` (200), or `"false"` with the reason (503).
 /// `?exclude=NOSPACE` ignores that alarm; `?serializable=true` reads without the linearizable
-/// barrier.
+/// barrier. kine-rs's own: on a read-only copy, `?lag=10s` / `?lag_revisions=1000` fail when the
+/// copy is further behind its origin than that, or its link is down (400 for a bad value).
 async fn health_response(store: &Store, query: &str) -> Response<Full<Bytes>> {
     let mut exclude = Vec::new();
     let mut serializable = false;
+    let mut lag = health::LagLimit::default();
     for (name, value) in query.split('&').filter_map(|p| p.split_once('=')) {
         match (name, value) {
             ("exclude", "NOSPACE") => exclude.push(AlarmKind::NoSpace),
             ("exclude", "CORRUPT") => exclude.push(AlarmKind::Corrupt),
             ("serializable", "true") => serializable = true,
+            ("lag", v) => match crate::duration::parse(v) {
+                Ok(d) => lag.seconds = Some(d),
+                Err(e) => return bad_request(&format!("lag={v}: {e} (a duration such as 10s)")),
+            },
+            ("lag_revisions", v) => match v.parse::<i64>() {
+                Ok(n) if n >= 0 => lag.revisions = Some(n),
+                _ => return bad_request(&format!("lag_revisions={v}: not a whole number of revisions")),
+            },
             _ => {}
         }
     }
-    match health::check(store, &exclude, serializable).await {
+    match health::check(store, &exclude, serializable, lag).await {
         Ok(()) => {
             metrics().health_success.inc();
             response(StatusCode::OK, "text/plain; charset=utf-8", r#"{"health":"true","reason":""}"#.into())
@@ -162,6 +180,10 @@ async fn health_response(store: &Store, query: &str) -> Response<Full<Bytes>> {
             response(StatusCode::SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", body)
         }
     }
+}
+
+fn bad_request(why: &str) -> Response<Full<Bytes>> {
+    response(StatusCode::BAD_REQUEST, "text/plain; charset=utf-8", format!("{why}\n"))
 }
 
 fn json_string(s: &str) -> String {
@@ -188,7 +210,7 @@ pub async fn follow_grpc_health(store: Arc<Store>, reporter: kine_server::Health
             _ = stop.wait() => return,
             _ = tokio::time::sleep(GRPC_HEALTH_EVERY) => {}
         }
-        let result = health::check(&store, &[], false).await;
+        let result = health::check(&store, &[], false, health::LagLimit::default()).await;
         if result.is_ok() != serving {
             serving = result.is_ok();
             let status =

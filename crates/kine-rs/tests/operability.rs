@@ -12,48 +12,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// GET `path` over plain HTTP/1.1 (or TLS with `tls`); returns the status code and the body.
-async fn get(port: u16, path: &str, tls: Option<&std::path::Path>) -> (u16, String) {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect to the metrics port");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    let mut raw = Vec::new();
-    match tls {
-        None => {
-            let mut s = stream;
-            s.write_all(request.as_bytes()).await.unwrap();
-            s.read_to_end(&mut raw).await.unwrap();
-        }
-        Some(ca) => {
-            use rustls::pki_types::CertificateDer;
-            use rustls::pki_types::pem::PemObject;
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_file_iter(ca).unwrap() {
-                roots.add(cert.unwrap()).unwrap();
-            }
-            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-            let config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-            let mut s = connector.connect(name, stream).await.expect("TLS to the metrics port");
-            s.write_all(request.as_bytes()).await.unwrap();
-            let _ = s.read_to_end(&mut raw).await;
-        }
-    }
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("a status code");
-    (status, body.to_string())
-}
-
 /// Every sample of a scrape: (name, sorted labels) → value.
 type Samples = HashMap<(String, Vec<(String, String)>), f64>;
 
 async fn scrape(port: u16) -> Samples {
-    let (status, body) = get(port, "/metrics", None).await;
+    let (status, body) = http_get(port, "/metrics", None).await;
     assert_eq!(status, 200, "{body}");
     let lines = body.lines().map(|l| Ok(l.to_string()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text format");
@@ -177,7 +140,7 @@ async fn metrics_move_with_traffic() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(value(&scrape(port).await, "etcd_debugging_mvcc_watcher_total", &[]), 0.0);
-    assert_eq!(get(port, "/nothing", None).await.0, 404);
+    assert_eq!(http_get(port, "/nothing", None).await.0, 404);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,7 +151,7 @@ async fn health_follows_the_datastore_and_alarms() {
     let url = pg.url("health");
     let server = Server::start(&["--endpoint", &url, "--metrics-bind-address", &address]);
     let healthy = r#"{"health":"true","reason":""}"#;
-    assert_eq!(get(port, "/health", None).await, (200, healthy.to_string()));
+    assert_eq!(http_get(port, "/health", None).await, (200, healthy.to_string()));
     let channel = tonic::transport::Channel::from_shared(server.url.clone()).unwrap().connect().await.unwrap();
     let mut grpc = tonic_health::pb::health_client::HealthClient::new(channel);
     let status = |grpc: &mut tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>| {
@@ -205,7 +168,7 @@ async fn health_follows_the_datastore_and_alarms() {
 
     // The datastore stops: unhealthy, with etcd's reason, on HTTP and (within its 5 s period) gRPC.
     pg.stop();
-    let (code, body) = get(port, "/health", None).await;
+    let (code, body) = http_get(port, "/health", None).await;
     assert_eq!(code, 503, "{body}");
     assert!(body.starts_with(r#"{"health":"false","reason":"RANGE ERROR:"#), "{body}");
     let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
@@ -222,7 +185,7 @@ async fn health_follows_the_datastore_and_alarms() {
     }
     pg.restart();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while get(port, "/health", None).await.0 != 200 {
+    while http_get(port, "/health", None).await.0 != 200 {
         assert!(Instant::now() < deadline, "never healthy again after the restart");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -238,8 +201,11 @@ async fn health_follows_the_datastore_and_alarms() {
     let mut on = AlarmOptions::new();
     on.with_member(member);
     c.alarm(AlarmAction::Activate, AlarmType::Nospace, Some(on)).await.unwrap();
-    assert_eq!(get(port, "/health", None).await, (503, "{\"health\":\"false\",\"reason\":\"ALARM NOSPACE\"}\n".into()));
-    assert_eq!(get(port, "/health?exclude=NOSPACE", None).await, (200, healthy.to_string()));
+    assert_eq!(
+        http_get(port, "/health", None).await,
+        (503, "{\"health\":\"false\",\"reason\":\"ALARM NOSPACE\"}\n".into())
+    );
+    assert_eq!(http_get(port, "/health?exclude=NOSPACE", None).await, (200, healthy.to_string()));
     let metrics = scrape(port).await;
     assert!(value(&metrics, "etcd_server_health_failures", &[]) >= 2.0);
     assert!(value(&metrics, "etcd_server_health_success", &[]) >= 2.0);
@@ -260,7 +226,7 @@ async fn metrics_over_tls_with_the_server_certificate() {
         "--metrics-bind-address",
         &address,
     ]);
-    let (status, body) = get(port, "/metrics", Some(&certs.path().join("ca.crt"))).await;
+    let (status, body) = http_get(port, "/metrics", Some(&certs.path().join("ca.crt"))).await;
     assert_eq!(status, 200);
     assert!(body.contains("kine_build_info"), "{body}");
     // Plain HTTP on a TLS port gets no metrics.
@@ -287,7 +253,7 @@ async fn metrics_over_tls_with_the_server_certificate() {
         &address,
         "--metrics-ignore-tls-config",
     ]);
-    assert_eq!(get(port, "/health", None).await.0, 200);
+    assert_eq!(http_get(port, "/health", None).await.0, 200);
 }
 
 #[test]

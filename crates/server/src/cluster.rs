@@ -1,4 +1,5 @@
-//! The etcd Cluster service: this node is the only member.
+//! The etcd Cluster service: this node is the only member (a learner while it serves a read-only
+//! copy, which MemberPromote turns into the primary).
 
 use crate::Context;
 use crate::error::{status, unsupported};
@@ -24,24 +25,38 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
         Err(unsupported("Cluster.MemberUpdate"))
     }
+    /// A read-only copy (a learner) becomes the writable primary (docs/nats.md, "Promotion").
     async fn member_promote(
         &self,
-        _r: Request<pb::MemberPromoteRequest>,
+        request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
-        Err(unsupported("Cluster.MemberPromote"))
+        let promotion = self.0.store.promote(request.into_inner().id).await.map_err(status)?;
+        tracing::info!(
+            revision = promotion.revision,
+            origin_fenced = promotion.origin_fenced,
+            "promoted: this node now serves reads and writes"
+        );
+        let revision = self.0.store.current_revision().await.map_err(status)?;
+        Ok(Response::new(pb::MemberPromoteResponse { header: self.0.headers.at(revision), members: vec![self.me()] }))
     }
     async fn member_list(
         &self,
         _r: Request<pb::MemberListRequest>,
     ) -> Result<Response<pb::MemberListResponse>, Status> {
         let revision = self.0.store.current_revision().await.map_err(status)?;
-        let me = pb::Member {
+        Ok(Response::new(pb::MemberListResponse { header: self.0.headers.at(revision), members: vec![self.me()] }))
+    }
+}
+
+impl ClusterService {
+    /// This node, a learner while it serves a read-only copy.
+    fn me(&self) -> pb::Member {
+        pb::Member {
             id: self.0.headers.member_id,
             name: "kine-rs".into(),
             peer_ur_ls: Vec::new(),
             client_ur_ls: self.0.config.client_urls.clone(),
-            is_learner: false,
-        };
-        Ok(Response::new(pb::MemberListResponse { header: self.0.headers.at(revision), members: vec![me] }))
+            is_learner: self.0.store.backend().role().is_learner(),
+        }
     }
 }

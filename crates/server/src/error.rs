@@ -23,6 +23,9 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
         Error::RequestTooLarge => etcd(Code::InvalidArgument, "etcdserver: request is too large"),
         Error::NoSpace => etcd(Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
         Error::Corrupt => etcd(Code::DataLoss, "etcdserver: corrupt cluster"),
+        Error::ReadOnly(why) => (Code::Unavailable, format!("etcdserver: rpc not supported for learner: {why}")),
+        Error::NotLearner => etcd(Code::FailedPrecondition, "etcdserver: can only promote a learner member"),
+        Error::MemberNotFound => etcd(Code::NotFound, "etcdserver: member not found"),
         Error::Unsupported(what) => (Code::Unimplemented, what.clone()),
         Error::InvalidArgument(what) => (Code::InvalidArgument, what.clone()),
         Error::Unavailable(what) => (Code::Unavailable, what.clone()),
@@ -68,6 +71,13 @@ mod tests {
             (Error::LeaseExists, Code::FailedPrecondition, "etcdserver: lease already exists"),
             (Error::LeaseTtlTooLarge, Code::OutOfRange, "etcdserver: too large lease TTL"),
             (Error::RequestTooLarge, Code::InvalidArgument, "etcdserver: request is too large"),
+            (Error::NotLearner, Code::FailedPrecondition, "etcdserver: can only promote a learner member"),
+            (Error::MemberNotFound, Code::NotFound, "etcdserver: member not found"),
+            (
+                Error::ReadOnly("a copy of X".into()),
+                Code::Unavailable,
+                "etcdserver: rpc not supported for learner: a copy of X",
+            ),
         ];
         for (err, code, text) in table {
             let s = status(err);

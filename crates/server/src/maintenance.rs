@@ -51,17 +51,20 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
     async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
         let (db, revision) = self.0.store.status().await.map_err(status)?;
         let member = self.0.headers.member_id;
+        // A copy reports itself as a learner; its origin leads (etcd names the leader's id).
+        let learner = self.0.store.backend().role().is_learner();
+        let leader = if learner { self.0.headers.cluster_id } else { member };
         Ok(Response::new(pb::StatusResponse {
             header: self.0.headers.at(revision),
             version: self.0.config.emulated_version.clone(),
             db_size: db.db_size,
-            leader: member,
+            leader,
             raft_index: revision as u64,
             raft_term: 0,
             raft_applied_index: revision as u64,
             errors: Vec::new(),
             db_size_in_use: db.db_size_in_use,
-            is_learner: false,
+            is_learner: learner,
             storage_version: String::new(),
             db_size_quota: 0,
             downgrade_info: None,

@@ -155,4 +155,8 @@ where
         }
     }
 }
+pub mod copies;
+pub mod http;
+#[allow(unused_imports)]
+pub use http::http_get;
 pub mod shared_db;
