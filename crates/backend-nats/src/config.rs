@@ -37,6 +37,21 @@ pub struct NatsConfig {
     pub sync_always: bool,
     /// Embedded: JetStream fsyncs this often (`syncInterval`; nats-server's default is 2 min).
     pub sync_interval: Option<Duration>,
+    /// Serve a read-only copy of this bucket (`mirror`): the bucket is a JetStream mirror of it,
+    /// created if missing (docs/nats.md, "Read-only copies").
+    pub mirror: Option<String>,
+    /// Where the mirrored bucket lives: its JetStream domain (`mirrorDomain`) or API prefix
+    /// (`mirrorApi`); neither: this server's own JetStream.
+    pub mirror_source: MirrorSource,
+}
+
+/// Where a mirrored bucket is reached.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum MirrorSource {
+    #[default]
+    Local,
+    Domain(String),
+    Api(String),
 }
 
 impl Default for NatsConfig {
@@ -57,6 +72,8 @@ impl Default for NatsConfig {
             data_dir: None,
             sync_always: false,
             sync_interval: None,
+            mirror: None,
+            mirror_source: MirrorSource::Local,
         }
     }
 }
@@ -159,6 +176,18 @@ pub fn parse(endpoint: &str, parse_duration: impl Fn(&str) -> Result<Duration, S
     if cfg.sync_always && cfg.sync_interval.is_some() {
         return Err(err(endpoint, "give syncAlways or syncInterval, not both"));
     }
+    if cfg.mirror.is_none() && cfg.mirror_source != MirrorSource::Local {
+        return Err(err(
+            endpoint,
+            "mirrorDomain and mirrorApi say where the mirror= bucket is; give mirror=BUCKET too",
+        ));
+    }
+    if cfg.mirror.as_deref() == Some(cfg.bucket.as_str()) && cfg.mirror_source == MirrorSource::Local {
+        return Err(err(
+            endpoint,
+            format!("mirror={} names this bucket itself; a copy needs a bucket of its own (bucket=NAME)", cfg.bucket),
+        ));
+    }
     Ok(cfg)
 }
 
@@ -194,13 +223,35 @@ fn parse_params(
             }
         };
         match name {
-            "bucket" => {
+            "bucket" | "mirror" => {
                 let valid =
                     !value.is_empty() && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
                 if !valid {
-                    return Err(err(endpoint, format!("bucket={value:?} must be letters, digits, '_' or '-'")));
+                    return Err(err(endpoint, format!("{name}={value:?} must be letters, digits, '_' or '-'")));
                 }
-                cfg.bucket = value;
+                if name == "bucket" {
+                    cfg.bucket = value;
+                } else {
+                    cfg.mirror = Some(value);
+                }
+            }
+            "mirrorDomain" | "mirrorApi" => {
+                let token_ok =
+                    |s: &str| !s.is_empty() && !s.bytes().any(|b| b.is_ascii_whitespace() || b == b'*' || b == b'>');
+                if !token_ok(&value) || (name == "mirrorDomain" && value.contains('.')) {
+                    return Err(err(
+                        endpoint,
+                        format!(
+                            "{name}={value:?} is not a valid JetStream {}",
+                            if name == "mirrorDomain" { "domain" } else { "API prefix" }
+                        ),
+                    ));
+                }
+                if cfg.mirror_source != MirrorSource::Local {
+                    return Err(err(endpoint, "give mirrorDomain or mirrorApi, not both"));
+                }
+                cfg.mirror_source =
+                    if name == "mirrorDomain" { MirrorSource::Domain(value) } else { MirrorSource::Api(value) };
             }
             "replicas" => cfg.replicas = in_range(endpoint, name, &value, 1, 5)? as usize,
             "revHistory" => {
@@ -289,5 +340,22 @@ mod tests {
         assert!(e("nats://h?replicas=1,nats://j?bucket=b").contains("given twice"));
         assert!(e("nats://u:p@h,nats://x:y@j").contains("first URL"));
         assert!(e("nats://h,http://x").contains("must start with nats://"));
+        assert!(e("nats://h?mirrorDomain=edge").contains("give mirror=BUCKET too"));
+        assert!(e("nats://h?mirror=kine").contains("names this bucket itself"));
+        assert!(e("nats://h?bucket=c&mirror=kine&mirrorDomain=a.b").contains("mirrorDomain"));
+        assert!(e("nats://h?bucket=c&mirror=kine&mirrorDomain=e&mirrorApi=$JS.e.API").contains("not both"));
+        assert!(e("nats://h?bucket=c&mirror=a.b").contains("mirror="));
+    }
+
+    #[test]
+    fn mirror_parameters() {
+        let c = parse("nats://h?bucket=copy&mirror=kine&mirrorDomain=edge", dur).unwrap();
+        assert_eq!((c.bucket.as_str(), c.mirror.as_deref()), ("copy", Some("kine")));
+        assert_eq!(c.mirror_source, MirrorSource::Domain("edge".into()));
+        let c = parse("nats://h?mirror=kine&mirrorApi=$JS.hub.API&bucket=x", dur).unwrap();
+        assert_eq!(c.mirror_source, MirrorSource::Api("$JS.hub.API".into()));
+        // The origin's own name is fine when it lives in another domain.
+        let c = parse("nats://h?mirror=kine&mirrorDomain=edge", dur).unwrap();
+        assert_eq!((c.bucket.as_str(), c.mirror.as_deref()), ("kine", Some("kine")));
     }
 }

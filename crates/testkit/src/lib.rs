@@ -8,6 +8,7 @@ pub mod model;
 pub mod mysql;
 pub mod nats;
 pub mod postgres;
+pub mod proxy;
 
 use kine_core::backend::Backend;
 use std::path::Path;

@@ -59,6 +59,16 @@ struct Loading {
     position: Position,
     /// Ranges of sequences (inclusive) that the consumer did not deliver.
     gaps: Vec<(Revision, Revision)>,
+    /// When the newest message read was stored (unix nanoseconds).
+    newest_at: i64,
+}
+
+/// Why following the stream stopped.
+enum Stop {
+    /// Messages this replica never saw were removed (the range of sequences).
+    Hole(Revision, Revision),
+    /// A load was asked for (`Inner::reload`).
+    Reload,
 }
 
 /// Loads the bucket, tells `ready`, then follows it until the backend closes.
@@ -68,36 +78,42 @@ pub(super) async fn replicate(inner: Arc<Inner>, ready: oneshot::Sender<(Revisio
     // The end of the last hole found (-1: none).
     let mut hole = -1;
     loop {
+        let reload_wanted = *inner.reload_wanted.borrow();
         let Some((loaded, messages)) = load(&inner, &mut cursor, hole).await else { return };
         let position = install(&inner, loaded);
         match ready.take() {
             Some(ready) => {
                 let _ = ready.send((position.next - 1, messages));
             }
-            None => tracing::warn!(revision = position.next - 1, "NATS bucket loaded again"),
+            None => tracing::info!(revision = position.next - 1, "NATS bucket loaded again"),
         }
-        let Some((from, to)) = follow(&inner, &mut cursor, position).await else { return };
-        tracing::warn!(
-            from,
-            to,
-            "messages this node never saw were removed from the stream (compacted by another node?); \
-             loading the bucket again, older revisions count as compacted"
-        );
-        hole = to;
+        match follow(&inner, &mut cursor, position, reload_wanted).await {
+            None => return,
+            Some(Stop::Reload) => {}
+            Some(Stop::Hole(from, to)) => {
+                tracing::warn!(
+                    from,
+                    to,
+                    "messages this node never saw were removed from the stream (compacted by another node?); \
+                     loading the bucket again, older revisions count as compacted"
+                );
+                hole = to;
+            }
+        }
     }
 }
 
 /// Applies one message to a table. Returns the revisions completed by it (a message completes
 /// its own revision, or a batch's; one that cuts an earlier batch short completes that too).
 fn take(
-    bucket: &str,
+    stored: &str,
     table: &mut MemTable,
     seqs: &mut MessageSeqs,
     batches: &mut Assembler,
     msg: &jetstream::Message,
     seq: Revision,
 ) -> Vec<RevisionEvents> {
-    let decoded = message::decode(bucket, msg.subject.as_str(), msg.headers.as_ref(), &msg.payload, seq);
+    let decoded = message::decode(stored, msg.subject.as_str(), msg.headers.as_ref(), &msg.payload, seq);
     let mut ready: Vec<Ready> = batches.passed(seq).into_iter().collect();
     let mut marker = false;
     match decoded {
@@ -132,7 +148,7 @@ async fn load(inner: &Inner, cursor: &mut Cursor, hole: Revision) -> Option<(Loa
             return None;
         }
         let strict = !inner.history_limited && started.elapsed() < STRICT_LOAD;
-        match load_once(inner, cursor, hole, strict).await {
+        match load_once(inner, cursor, hole, strict, inner.is_copy()).await {
             Ok(loaded) => return Some(loaded),
             Err(e) => {
                 if inner.is_closed() {
@@ -145,7 +161,16 @@ async fn load(inner: &Inner, cursor: &mut Cursor, hole: Revision) -> Option<(Loa
     }
 }
 
-async fn load_once(inner: &Inner, cursor: &mut Cursor, hole: Revision, strict: bool) -> Result<(Loading, u64), String> {
+/// `copy`: the stream is a mirror, which may end with the first members of a batch whose other
+/// members have not arrived yet: they stay pending (applied once complete, `follow`), and the
+/// table ends before them.
+async fn load_once(
+    inner: &Inner,
+    cursor: &mut Cursor,
+    hole: Revision,
+    strict: bool,
+    copy: bool,
+) -> Result<(Loading, u64), String> {
     let before = leader::stream_state(&inner.js, &inner.stream_name).await.map_err(|e| e.to_string())?;
     cursor.reset();
     let mut st = Loading {
@@ -153,6 +178,7 @@ async fn load_once(inner: &Inner, cursor: &mut Cursor, hole: Revision, strict: b
         seqs: MessageSeqs::default(),
         position: Position { next: 1, batches: Assembler::default() },
         gaps: Vec::new(),
+        newest_at: 0,
     };
     // The leader's state once the consumer had nothing more pending: the load is complete
     // when it has passed that state's last sequence.
@@ -174,8 +200,9 @@ async fn load_once(inner: &Inner, cursor: &mut Cursor, hole: Revision, strict: b
                 if seq > next {
                     st.gaps.push((next, seq - 1));
                 }
-                take(&inner.bucket, &mut st.table, &mut st.seqs, &mut st.position.batches, &m, seq);
+                take(&inner.stored, &mut st.table, &mut st.seqs, &mut st.position.batches, &m, seq);
                 st.position.next = seq + 1;
+                st.newest_at = info.published.unix_timestamp_nanos() as i64;
                 if target.is_none() && info.pending == 0 {
                     target =
                         Some(leader::stream_state(&inner.js, &inner.stream_name).await.map_err(|e| e.to_string())?);
@@ -220,16 +247,30 @@ async fn load_once(inner: &Inner, cursor: &mut Cursor, hole: Revision, strict: b
         }
     };
     verify(inner, &st.gaps, before, after, strict).await?;
-    // A batch still open ends within what the leader holds: its missing members were removed.
-    if let Some(r) = st.position.batches.finish() {
+    // A batch still open ends within what the leader holds: its missing members were removed
+    // (on a copy, they may not have arrived yet).
+    let mut end = after.last;
+    if copy && let Some(limit) = st.position.batches.applied_limit() {
+        end = limit;
+    } else if let Some(r) = st.position.batches.finish() {
         let revision = r.revision;
         let events = r.into_events(&mut st.seqs);
         st.table.apply_committed(revision, events);
     }
     // The compact revision, read after the load: a compaction records it before it removes
-    // anything, so every removal this load saw is covered by it.
-    let compacted = leader::compact_revision(&inner.meta).await.map_err(|e| e.to_string())?;
-    st.table.advance(after.last.max(compacted));
+    // anything, so every removal this load saw is covered by it. A copy's meta bucket is a
+    // mirror of its own that may be ahead of the stream's: a compaction beyond what was loaded
+    // is applied when the replica gets there (`copy.rs`).
+    let mut compacted = leader::compact_revision(&inner.meta).await.map_err(|e| e.to_string())?;
+    if copy && compacted > end {
+        inner.pending_compaction.send_if_modified(|p| {
+            let newer = compacted > *p;
+            *p = (*p).max(compacted);
+            newer
+        });
+        compacted = st.table.revisions().compacted;
+    }
+    st.table.advance(end.max(compacted));
     let floor = compacted.max(hole).max(st.table.history_floor(compacted));
     st.table.set_compacted(floor);
     Ok((st, after.messages))
@@ -276,7 +317,7 @@ async fn verify(
 /// and publishes its newest revision, so that watch sessions behind it read what they miss
 /// from the new table, or are cancelled as compacted.
 fn install(inner: &Inner, loaded: Loading) -> Position {
-    let Loading { mut table, seqs, position, .. } = loaded;
+    let Loading { mut table, seqs, position, newest_at, .. } = loaded;
     let current = {
         let mut t = inner.table();
         for (id, ttl) in t.lease_list() {
@@ -292,20 +333,28 @@ fn install(inner: &Inner, loaded: Loading) -> Position {
         .ok()
         .and_then(|mut batches| batches.pop())
         .unwrap_or(RevisionEvents { revision: current, events: Vec::new() });
+    inner.applied_at.store(newest_at, std::sync::atomic::Ordering::Relaxed);
     inner.applied.send_modify(|a| *a = (*a).max(current));
+    inner.delivered.send_modify(|d| *d = (*d).max(position.next - 1));
     let _ = inner.feed.send(Arc::new(newest));
+    inner.loads.send_modify(|l| *l += 1);
     position
 }
 
-/// Follows the stream from `position`. Returns the range of a hole (messages removed before
-/// this replica saw them: the table must be loaded again), or `None` once the backend closed.
-async fn follow(inner: &Inner, cursor: &mut Cursor, mut position: Position) -> Option<(Revision, Revision)> {
+/// Follows the stream from `position`. Returns why it stopped (a hole: messages removed before
+/// this replica saw them, or a load asked for once `reload_wanted` changes), or `None` once the
+/// backend closed.
+async fn follow(inner: &Inner, cursor: &mut Cursor, mut position: Position, reload_wanted: u64) -> Option<Stop> {
     let mut idle = 0;
     let mut failing: Option<Instant> = None;
     let mut warned: Option<Instant> = None;
     loop {
         if inner.is_closed() {
             return None;
+        }
+        if *inner.reload_wanted.borrow() != reload_wanted {
+            cursor.reset();
+            return Some(Stop::Reload);
         }
         match cursor.next(position.next, IDLE).await {
             Next::Message(m) => {
@@ -339,7 +388,7 @@ async fn follow(inner: &Inner, cursor: &mut Cursor, mut position: Position) -> O
                             tokio::time::sleep(RETRY).await;
                             continue;
                         }
-                        Ok(_) => return Some((position.next, seq - 1)),
+                        Ok(_) => return Some(Stop::Hole(position.next, seq - 1)),
                         Err(e) => {
                             tracing::debug!(error = %e, "cannot check a gap in the stream yet");
                             cursor.reset();
@@ -349,6 +398,9 @@ async fn follow(inner: &Inner, cursor: &mut Cursor, mut position: Position) -> O
                     }
                 }
                 let wake = info.pending == 0 || seq % 4096 == 0;
+                inner
+                    .applied_at
+                    .store(info.published.unix_timestamp_nanos() as i64, std::sync::atomic::Ordering::Relaxed);
                 apply(inner, &mut position, &m, seq, wake);
             }
             Next::Idle => {
@@ -369,7 +421,7 @@ async fn follow(inner: &Inner, cursor: &mut Cursor, mut position: Position) -> O
                         tracing::debug!(next = position.next, "the bucket consumer stalled; re-creating it");
                         cursor.reset();
                     }
-                    Ok(_) => return Some((position.next, target)),
+                    Ok(_) => return Some(Stop::Hole(position.next, target)),
                     Err(e) => tracing::debug!(error = %e, "cannot read the stream's leader"),
                 }
             }
@@ -395,12 +447,16 @@ fn apply(inner: &Inner, position: &mut Position, msg: &jetstream::Message, seq: 
     let completed = {
         let mut t = inner.table();
         let mut seqs = inner.seqs();
-        take(&inner.bucket, &mut t, &mut seqs, &mut position.batches, msg, seq)
+        take(&inner.stored, &mut t, &mut seqs, &mut position.batches, msg, seq)
     };
     position.next = seq + 1;
     let applied = position.batches.applied_limit().map_or(seq, |limit| limit.min(seq));
     inner.applied.send_if_modified(|a| {
         *a = (*a).max(applied);
+        wake
+    });
+    inner.delivered.send_if_modified(|d| {
+        *d = (*d).max(seq);
         wake
     });
     for ev in completed {

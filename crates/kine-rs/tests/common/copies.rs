@@ -161,21 +161,66 @@ pub async fn collect(w: &mut WatchStream, until: i64) -> Vec<Seen> {
             .expect("watch")
             .expect("watch stream open");
         assert!(!r.canceled(), "watch canceled: {}", r.cancel_reason());
-        for e in r.events() {
-            let kv = e.kv().expect("event kv");
-            let prev = e.prev_kv().map(|p| (p.value().to_vec(), p.mod_revision()));
-            out.push((
-                e.event_type() as i32,
-                kv.key().to_vec(),
-                kv.value().to_vec(),
-                kv.mod_revision(),
-                kv.create_revision(),
-                kv.version(),
-                prev,
-            ));
-        }
+        out.extend(r.events().iter().map(seen));
     }
     out
+}
+
+fn seen(e: &Event) -> Seen {
+    let kv = e.kv().expect("event kv");
+    let prev = e.prev_kv().map(|p| (p.value().to_vec(), p.mod_revision()));
+    (
+        e.event_type() as i32,
+        kv.key().to_vec(),
+        kv.value().to_vec(),
+        kv.mod_revision(),
+        kv.create_revision(),
+        kv.version(),
+        prev,
+    )
+}
+
+/// Reads a watch stream as it arrives (a watch that is not read falls behind, and one behind a
+/// compaction is cancelled, as in etcd).
+pub struct Collector {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Collector {
+    pub fn start(mut w: WatchStream) -> Collector {
+        let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let task = tokio::spawn(async move {
+            while let Ok(Some(r)) = w.message().await {
+                assert!(!r.canceled(), "watch canceled: {}", r.cancel_reason());
+                sink.lock().unwrap().extend(r.events().iter().map(seen));
+            }
+        });
+        Collector { seen: events, task }
+    }
+
+    /// Every event up to `until`, once they have arrived.
+    pub async fn until(&self, until: i64) -> Vec<Seen> {
+        let started = Instant::now();
+        loop {
+            {
+                let seen = self.seen.lock().unwrap();
+                if seen.last().is_some_and(|e| e.3 >= until) {
+                    return seen.iter().filter(|e| e.3 <= until).cloned().collect();
+                }
+            }
+            assert!(!self.task.is_finished(), "the watch ended (cancelled?) before revision {until}");
+            assert!(started.elapsed() < Duration::from_secs(30), "no event up to {until} within 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// A gRPC error's code and message.

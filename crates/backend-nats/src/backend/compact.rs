@@ -1,0 +1,93 @@
+//! Compaction by purge: the compact revision is recorded in `<bucket>-meta`, then every key
+//! changed since the previous compaction loses its messages superseded at that revision (one
+//! purge per key, with a subject filter and a sequence), and the replica compacts in memory.
+//!
+//! A read-only copy applies its origin's compactions the same way once its replica holds the
+//! compact revision: a JetStream mirror does not repeat its origin's purges, so without this
+//! the mirror would keep every version ever written.
+
+use super::{Inner, PURGE_CONCURRENCY, meta, timed};
+use crate::message;
+use futures_util::StreamExt;
+use kine_core::backend::Revisions;
+use kine_core::{Error, Result, Revision};
+
+impl Inner {
+    /// Compacts at `revision` (a primary). Returns the current revision.
+    pub(super) async fn compact(&self, revision: Revision) -> Result<Revision> {
+        if let Some(refusal) = self.role().refusal() {
+            return Err(refusal);
+        }
+        // One compaction at a time. Writes go on meanwhile: purges remove only messages at or
+        // below the compact revision, and a write to a key whose messages were all purged fails
+        // its expectation and is evaluated again (`find_emptied_keys`); a long compaction
+        // (many keys, a long stream) must not stop writes.
+        let _compaction = self.compaction.lock().await;
+        self.barrier().await?;
+        let (current, previous, plan) = {
+            let t = self.table();
+            let Revisions { current, compacted } = t.revisions();
+            kine_core::txn::check_compact(revision, current, compacted)?;
+            (current, compacted, t.changed_keys_between(compacted, revision))
+        };
+        timed("record the compact revision", self.meta.put(meta::COMPACT_REVISION, revision.to_string().into()))
+            .await?;
+        self.purge_superseded(plan, revision).await?;
+        self.compact_table(revision)?;
+        tracing::debug!(revision, previous, "compacted");
+        Ok(current)
+    }
+
+    /// On a read-only copy: applies the origin's compaction at `revision`, which the replica
+    /// holds, to the mirror and to the table. Nothing happens if it is applied already.
+    pub(super) async fn follow_compaction(&self, revision: Revision) -> Result<()> {
+        let _compaction = self.compaction.lock().await;
+        let plan = {
+            let t = self.table();
+            let Revisions { current, compacted } = t.revisions();
+            if revision <= compacted || revision > current {
+                return Ok(());
+            }
+            t.changed_keys_between(compacted, revision)
+        };
+        self.purge_superseded(plan, revision).await?;
+        self.compact_table(revision)?;
+        tracing::debug!(revision, "applied the origin's compaction");
+        Ok(())
+    }
+
+    fn compact_table(&self, revision: Revision) -> Result<()> {
+        // The meta watch may have applied it already.
+        let mut t = self.table();
+        if t.revisions().compacted < revision {
+            t.compact(revision)?;
+        }
+        Ok(())
+    }
+
+    /// Purges each planned key's messages superseded at `revision`: `(key, its newest version
+    /// at or below it, whether that is a deletion)`. PURGE_CONCURRENCY purges are in flight
+    /// (different subjects, so their order does not matter).
+    async fn purge_superseded(&self, plan: Vec<(Vec<u8>, Revision, bool)>, revision: Revision) -> Result<()> {
+        let purges = futures_util::stream::iter(plan).map(|(key, newest, deleted)| async move {
+            let subject = message::subject(&self.stored, &key);
+            // Keep the newest version at or below the compact revision, unless it is a deletion
+            // below it (etcd keeps a deletion at the compact revision itself).
+            let seq = self.seqs().get(&key, newest);
+            let gone = deleted && newest < revision;
+            let keep_from = if gone { seq + 1 } else { seq };
+            timed(
+                "purge superseded versions",
+                std::future::IntoFuture::into_future(self.stream.purge().filter(subject).sequence(keep_from as u64)),
+            )
+            .await?;
+            self.seqs().prune(&key, newest, gone);
+            Ok::<(), Error>(())
+        });
+        let mut purges = purges.buffer_unordered(PURGE_CONCURRENCY);
+        while let Some(done) = purges.next().await {
+            done?;
+        }
+        Ok(())
+    }
+}

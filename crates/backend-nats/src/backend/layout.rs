@@ -1,0 +1,417 @@
+//! What the bucket's stream is, and the streams opened (or created) for it.
+//!
+//! Three kinds of stream `KV_<bucket>`:
+//! - **a bucket of its own**, written by kine-rs on `$KV.<bucket>.>`;
+//! - **a read-only copy**: a JetStream mirror of another kine-rs bucket, its origin. A mirror
+//!   keeps its origin's sequences (so its revisions) and subjects, and takes no writes;
+//! - **a promoted copy**: a former mirror whose mirror configuration a promotion removed. It
+//!   takes writes on `$KV.<bucket>.>` and stores them, through a subject transform, under the
+//!   subjects it always had, so a key's messages stay on one subject (and the old origin's
+//!   subjects, still in use if it comes back, are never captured).
+//!
+//! The stored subjects name the bucket as it was first created (`stored`), read from its
+//! `~init` marker. `<bucket>-meta` goes with the stream: a mirror of the origin's meta bucket on
+//! a copy, promoted together with it.
+
+use super::copy::MirrorStatus;
+use super::setup::{Final, PATIENCE};
+use crate::config::{MirrorSource, NatsConfig};
+use crate::message;
+use anyhow::{Context as _, anyhow, bail};
+use async_nats::jetstream::{self, context::GetStreamErrorKind, kv, stream};
+use std::time::{Duration, Instant};
+
+/// How long an empty mirror may report an error before start-up gives up.
+const MIRROR_ERROR_PATIENCE: Duration = Duration::from_secs(10);
+
+/// What a read-only copy follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Origin {
+    /// The mirrored stream, `KV_<bucket>`.
+    pub stream: String,
+    /// The JetStream API prefix it is reached through (`$JS.edge.API`); `None`: this account's own.
+    pub api: Option<String>,
+}
+
+impl Origin {
+    pub fn bucket(&self) -> &str {
+        self.stream.strip_prefix("KV_").unwrap_or(&self.stream)
+    }
+
+    /// The JetStream domain it lives in, when it is reached through one (`$JS.<domain>.API`).
+    pub fn domain(&self) -> Option<&str> {
+        let domain = self.api.as_deref()?.strip_prefix("$JS.")?.strip_suffix(".API")?;
+        (!domain.contains('.')).then_some(domain)
+    }
+
+    /// `KV_kine (JetStream domain edge)`, for messages.
+    pub fn describe(&self) -> String {
+        match (self.domain(), self.api.as_deref()) {
+            (Some(domain), _) => format!("{} (JetStream domain {domain})", self.stream),
+            (None, Some(api)) => format!("{} (through {api})", self.stream),
+            (None, None) => format!("{} (in this JetStream domain)", self.stream),
+        }
+    }
+
+    fn from_source(source: &stream::Source) -> Origin {
+        let api = source
+            .external
+            .as_ref()
+            .map(|e| e.api_prefix.clone())
+            .or_else(|| source.domain.as_ref().map(|d| format!("$JS.{d}.API")))
+            .filter(|a| !a.is_empty() && a != "$JS.API");
+        Origin { stream: source.name.clone(), api }
+    }
+
+    fn wanted(bucket: &str, source: &MirrorSource) -> Origin {
+        let api = match source {
+            MirrorSource::Local => None,
+            MirrorSource::Domain(d) => Some(format!("$JS.{d}.API")),
+            MirrorSource::Api(a) => Some(a.clone()),
+        };
+        Origin { stream: format!("KV_{bucket}"), api }
+    }
+
+    /// A mirror source for `stream_name` of the origin (its bucket's stream or meta stream).
+    fn source(&self, stream_name: String) -> stream::Source {
+        stream::Source {
+            name: stream_name,
+            external: self.api.clone().map(|api_prefix| stream::External { api_prefix, delivery_prefix: None }),
+            ..Default::default()
+        }
+    }
+}
+
+/// The streams of an opened bucket.
+pub(super) struct Opened {
+    pub stream: stream::Stream,
+    pub info: stream::Info,
+    pub meta: kv::Store,
+    /// The bucket name the stored subjects carry.
+    pub stored: String,
+    /// What the bucket mirrors (a read-only copy), or mirrored before a promotion.
+    pub origin: Option<Origin>,
+    /// The bucket is a mirror now.
+    pub copy: bool,
+}
+
+pub(super) fn stream_name(bucket: &str) -> String {
+    format!("KV_{bucket}")
+}
+
+/// Opens `KV_<bucket>` and `<bucket>-meta`, creating them if missing: a bucket of its own, or
+/// with `mirror=` a read-only copy.
+pub(super) async fn open(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Result<Opened> {
+    let name = stream_name(&cfg.bucket);
+    let mut stream = match js.get_stream(&name).await {
+        Ok(s) => s,
+        Err(e) if not_found(&e) => match &cfg.mirror {
+            Some(origin) => create_mirror(js, cfg, &Origin::wanted(origin, &cfg.mirror_source)).await?,
+            None => create_bucket(js, cfg).await?,
+        },
+        Err(e) => bail!("read stream {name}: {e}"),
+    };
+    let info = stream.info().await.with_context(|| format!("read stream {name}"))?.clone();
+    let copy = info.config.mirror.is_some();
+    let origin = match &info.config.mirror {
+        Some(source) => Some(check_mirror(cfg, source)?),
+        None => {
+            if let Some(wanted) = &cfg.mirror {
+                bail!(
+                    "bucket {} exists and is not a mirror (a bucket of its own, or a copy promoted already), so it \
+                     cannot be a read-only copy of {wanted}; remove mirror= to serve it, or copy into another bucket",
+                    cfg.bucket
+                );
+            }
+            None
+        }
+    };
+    let stored = match &origin {
+        Some(origin) => wait_for_marker(js, &stream, &cfg.bucket, origin).await?,
+        None => own_marker(js, &stream, cfg, &info).await?,
+    };
+    let meta = open_meta(js, cfg, &stored, copy.then_some(origin.as_ref()).flatten()).await?;
+    let limit = info.config.max_messages_per_subject.max(0);
+    if copy && limit > 0 {
+        tracing::warn!(
+            stream = %name,
+            history = limit,
+            "this mirror keeps only the newest {limit} version(s) of each key: reads at older revisions and watches \
+             from them fail as compacted (create the mirror with mirror= for a full copy)"
+        );
+    } else if !copy && limit != cfg.rev_history {
+        tracing::warn!(
+            stream = %name,
+            stream_limit = limit,
+            rev_history = cfg.rev_history,
+            "the stream's per-key message limit differs from revHistory (0: none); the stream's is used"
+        );
+    }
+    if !copy && !info.config.allow_atomic_publish {
+        tracing::warn!(stream = %name, "atomic batch publish is off on this stream; writes that change several keys will fail");
+    }
+    // A promoted copy remembers its origin (for the fence, `promote.rs`).
+    let origin = match origin {
+        Some(o) => Some(o),
+        None => super::promote::recorded_origin(&meta).await?,
+    };
+    Ok(Opened { stream, info, meta, stored, origin, copy })
+}
+
+fn not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), GetStreamErrorKind::JetStream(j) if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+async fn create_bucket(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Result<stream::Stream> {
+    let name = stream_name(&cfg.bucket);
+    let config = stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("$KV.{}.>", cfg.bucket)],
+        max_messages_per_subject: if cfg.rev_history > 0 { cfg.rev_history } else { -1 },
+        allow_rollup: true,
+        allow_direct: true,
+        allow_atomic_publish: true,
+        num_replicas: cfg.replicas,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    };
+    // A cluster that is still forming answers "no suitable peers" for a while (`patiently`).
+    js.create_stream(config).await.map_err(|e| anyhow!("create stream {name}: {e}"))
+}
+
+/// Creates `KV_<bucket>` and `KV_<bucket>-meta` as mirrors of the origin's two streams.
+async fn create_mirror(js: &jetstream::Context, cfg: &NatsConfig, origin: &Origin) -> anyhow::Result<stream::Stream> {
+    let name = stream_name(&cfg.bucket);
+    let config = stream::Config {
+        name: name.clone(),
+        description: Some(format!("kine-rs read-only copy of {}", origin.describe())),
+        mirror: Some(origin.source(origin.stream.clone())),
+        max_messages_per_subject: if cfg.rev_history > 0 { cfg.rev_history } else { -1 },
+        num_replicas: cfg.replicas,
+        storage: stream::StorageType::File,
+        ..Default::default()
+    };
+    let stream = js.create_stream(config).await.map_err(|e| anyhow!("create the mirror {name}: {e}"))?;
+    tracing::info!(stream = %name, origin = %origin.describe(), "created a mirror for a read-only copy");
+    Ok(stream)
+}
+
+/// A mirror serves as a copy only if it mirrors a whole kine-rs bucket (and, with `mirror=`, the
+/// one named there).
+fn check_mirror(cfg: &NatsConfig, source: &stream::Source) -> anyhow::Result<Origin> {
+    let origin = Origin::from_source(source);
+    let name = stream_name(&cfg.bucket);
+    if !source.name.starts_with("KV_") {
+        bail!("stream {name} mirrors {}, which is not a kine-rs bucket (no KV_ prefix)", origin.describe());
+    }
+    if source.filter_subject.as_deref().is_some_and(|f| !f.is_empty()) || !source.subject_transforms.is_empty() {
+        bail!(
+            "stream {name} mirrors only part of {} (a filter or transform): a copy needs all of it",
+            origin.describe()
+        );
+    }
+    if let Some(wanted) = &cfg.mirror {
+        let wanted = Origin::wanted(wanted, &cfg.mirror_source);
+        if wanted != origin {
+            bail!(
+                "stream {name} is a mirror of {}, not of {} as the endpoint's mirror= asks; use another bucket",
+                origin.describe(),
+                wanted.describe()
+            );
+        }
+    }
+    Ok(origin)
+}
+
+/// Waits for a copy's mirror to hold its origin's `~init` marker, and returns the bucket name
+/// the stored subjects carry. A mirror that stays empty is an error (never a silent empty
+/// store), naming the mirror's own error when it has one.
+async fn wait_for_marker(
+    js: &jetstream::Context,
+    stream: &stream::Stream,
+    bucket: &str,
+    origin: &Origin,
+) -> anyhow::Result<String> {
+    let started = Instant::now();
+    let mut warned = started;
+    // Since when the mirror has been reporting an error (its origin's stream missing, say).
+    let mut failing: Option<Instant> = None;
+    loop {
+        match stream.get_first_raw_message_by_subject(format!("$KV.*.{}", message::INIT_TOKEN), 1).await {
+            Ok(m) => {
+                let stored = m
+                    .subject
+                    .strip_prefix("$KV.")
+                    .and_then(|s| s.strip_suffix(&format!(".{}", message::INIT_TOKEN)))
+                    .ok_or_else(|| anyhow!("the marker's subject {} is not a kine-rs bucket's", m.subject))?;
+                return Ok(stored.to_string());
+            }
+            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => {}
+            Err(e) => bail!("read the mirror {}: {e}", stream_name(bucket)),
+        }
+        let status = MirrorStatus::read(js, &stream_name(bucket)).await.ok();
+        if status.as_ref().is_some_and(|s| s.messages > 0) {
+            bail!(
+                "bucket {bucket} mirrors {}, which is not a kine-rs bucket (it holds messages but no kine-rs marker; a \
+                 bucket of Go kine or of another program?)",
+                origin.describe()
+            );
+        }
+        let error = status.and_then(|s| s.error);
+        let failing_for = match &error {
+            Some(_) => failing.get_or_insert_with(Instant::now).elapsed(),
+            None => {
+                failing = None;
+                Duration::ZERO
+            }
+        };
+        let why = error.unwrap_or_else(|| "the origin is unreachable, missing or empty".to_string());
+        if started.elapsed() >= PATIENCE || failing_for >= MIRROR_ERROR_PATIENCE {
+            return Err(Final(format!(
+                "bucket {bucket} mirrors {} but has received nothing from it in {}s: {why}",
+                origin.describe(),
+                started.elapsed().as_secs()
+            ))
+            .into());
+        }
+        if warned.elapsed() >= Duration::from_secs(10) {
+            warned = Instant::now();
+            tracing::warn!(origin = %origin.describe(), reason = %why, "the mirror has received nothing from its origin yet; waiting");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A bucket of its own (or a promoted copy): the stored bucket name, after checking its marker
+/// (written here, as the stream's first message, if the stream is empty).
+async fn own_marker(
+    js: &jetstream::Context,
+    stream: &stream::Stream,
+    cfg: &NatsConfig,
+    info: &stream::Info,
+) -> anyhow::Result<String> {
+    let write = format!("$KV.{}.>", cfg.bucket);
+    let stored = match &info.config.subject_transform {
+        Some(t) if t.source == write => t
+            .destination
+            .strip_prefix("$KV.")
+            .and_then(|d| d.strip_suffix(".>"))
+            .ok_or_else(|| {
+                anyhow!(
+                    "stream {} transforms {write} into {}, not a bucket's subjects",
+                    info.config.name,
+                    t.destination
+                )
+            })?
+            .to_string(),
+        _ => cfg.bucket.clone(),
+    };
+    let init = message::init_subject(&stored);
+    match stream.get_last_raw_message_by_subject(&init).await {
+        Ok(_) => {}
+        Err(e) if e.kind() != stream::LastRawMessageErrorKind::NoMessageFound => {
+            return Err(anyhow!("read bucket {}'s marker: {e}", cfg.bucket));
+        }
+        Err(_) if info.state.messages == 0 && info.state.last_sequence == 0 && stored == cfg.bucket => {
+            // The first kine-rs on this bucket writes the marker; the expectation makes sure
+            // exactly one does, at sequence 1.
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Expected-Last-Sequence", "0");
+            match js.publish_with_headers(init.clone(), headers, bytes::Bytes::new()).await {
+                Ok(ack) => match ack.await {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {}
+                    Err(e) => bail!("initialise bucket {}: {e}", cfg.bucket),
+                },
+                Err(e) => bail!("initialise bucket {}: {e}", cfg.bucket),
+            }
+        }
+        Err(_) => bail!(
+            "bucket {} holds data that kine-rs did not write (a bucket of Go kine?); use another bucket (?bucket=NAME)",
+            cfg.bucket
+        ),
+    }
+    Ok(stored)
+}
+
+/// `<bucket>-meta`: a mirror of the origin's on a copy (created if missing); otherwise a KV bucket
+/// of its own, created if missing, or finished promoting if a promotion stopped half-way.
+async fn open_meta(
+    js: &jetstream::Context,
+    cfg: &NatsConfig,
+    stored: &str,
+    copy_of: Option<&Origin>,
+) -> anyhow::Result<kv::Store> {
+    let name = format!("{}-meta", cfg.bucket);
+    let stream_name = stream_name(&name);
+    let existing = match js.get_stream(&stream_name).await {
+        Ok(s) => Some(s),
+        Err(e) if not_found(&e) => None,
+        Err(e) => bail!("read stream {stream_name}: {e}"),
+    };
+    let mut stream = match (existing, copy_of) {
+        (Some(s), _) => s,
+        (None, Some(origin)) => {
+            let config = stream::Config {
+                name: stream_name.clone(),
+                description: Some(format!("kine-rs read-only copy of {}-meta", origin.describe())),
+                mirror: Some(origin.source(format!("{}-meta", origin.stream))),
+                max_messages_per_subject: 1,
+                num_replicas: cfg.replicas,
+                storage: stream::StorageType::File,
+                ..Default::default()
+            };
+            js.create_stream(config).await.map_err(|e| anyhow!("create the mirror {stream_name}: {e}"))?
+        }
+        (None, None) => {
+            js.create_key_value(kv::Config {
+                bucket: name.clone(),
+                description: "kine-rs compact revision and leases".into(),
+                history: 1,
+                num_replicas: cfg.replicas,
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| anyhow!("create KV bucket {name}: {e}"))?;
+            js.get_stream(&stream_name).await.map_err(|e| anyhow!("read stream {stream_name}: {e}"))?
+        }
+    };
+    let config = stream.info().await.with_context(|| format!("read stream {stream_name}"))?.config.clone();
+    match (&config.mirror, copy_of) {
+        (Some(source), Some(origin)) => {
+            let found = Origin::from_source(source);
+            let expected = Origin { stream: format!("{}-meta", origin.stream), api: origin.api.clone() };
+            if found != expected {
+                bail!(
+                    "stream {stream_name} mirrors {}, not {}: the copy's meta bucket must mirror its origin's",
+                    found.describe(),
+                    expected.describe()
+                );
+            }
+        }
+        (None, Some(origin)) => bail!(
+            "stream {stream_name} is not a mirror of {}-meta although {} mirrors {}; delete {stream_name} so that \
+             kine-rs creates the mirror",
+            origin.stream,
+            self::stream_name(&cfg.bucket),
+            origin.describe()
+        ),
+        (Some(_), None) => {
+            // The bucket's stream was promoted but its meta bucket not yet: finish.
+            tracing::warn!(stream = %stream_name, "finishing an interrupted promotion of the meta bucket");
+            super::promote::promote_stream(js, config, &name, &format!("{stored}-meta"), false).await?;
+            stream = js.get_stream(&stream_name).await.map_err(|e| anyhow!("read stream {stream_name}: {e}"))?;
+        }
+        (None, None) => {}
+    }
+    Ok(kv::Store {
+        name: name.clone(),
+        stream_name,
+        prefix: format!("$KV.{stored}-meta."),
+        // Writes on `$KV.<bucket>-meta.…`: a promoted meta bucket stores them under its old name.
+        put_prefix: (stored != cfg.bucket).then(|| format!("$KV.{name}.")),
+        use_jetstream_prefix: false,
+        stream,
+    })
+}
