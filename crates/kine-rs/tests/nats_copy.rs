@@ -200,9 +200,31 @@ async fn bad_copies_are_refused_at_start() {
     let (e, _) = start(format!("{}?noEmbed&bucket=c3&mirror=own", nats.url()));
     assert!(e.contains("is a mirror of KV_kine") && e.contains("not of KV_own"), "{e}");
     // A mirror is detected without mirror=: it is served read-only.
-    let detected = Server::start(&["--endpoint", &format!("{}?noEmbed&bucket=c3", nats.url())]);
+    let metrics = free_port();
+    let detected = Server::start(&[
+        "--endpoint",
+        &format!("{}?noEmbed&bucket=c3", nats.url()),
+        "--metrics-bind-address",
+        &format!("127.0.0.1:{metrics}"),
+    ]);
     let mut d = detected.client().await;
     assert_learner_refusal(d.put("/b", "2", None).await.unwrap_err(), "put on a detected mirror");
+    assert_eq!(d.get("/a", None).await.unwrap().kvs()[0].value(), b"1");
+    // The origin deleted under a running copy: it says so in health, and still serves reads.
+    drop(origin);
+    for stream in ["KV_kine", "KV_kine-meta"] {
+        js.delete_stream(stream).await.unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, body) = http_get(metrics, "/health?lag=1m", None).await;
+        if code == 503 {
+            assert!(body.contains("COPY LAG:the link to KV_kine (in this JetStream domain) is down"), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "health still {code} {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(d.get("/a", None).await.unwrap().kvs()[0].value(), b"1");
 }
 

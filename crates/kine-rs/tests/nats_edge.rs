@@ -59,6 +59,17 @@ async fn edge_hub_copies_link_cut_and_promotion() {
         load.step(&mut e).await.unwrap();
     }
 
+    // A backup on the hub: the two mirrors of docs/examples/nats/kine-backup*.json, as written
+    // (`nats stream add --config …` sends them to the same API).
+    let hub_nats = async_nats::connect(hub.url()).await.unwrap();
+    for file in ["kine-backup.json", "kine-backup-meta.json"] {
+        let config: serde_json::Value = serde_json::from_str(&example(file)).unwrap();
+        let subject = format!("$JS.API.STREAM.CREATE.{}", config["name"].as_str().unwrap());
+        let answer = hub_nats.request(subject, example(file).into()).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer.payload).into_owned();
+        assert!(!answer.contains("\"error\""), "{file}: {answer}");
+    }
+
     // The hub's copy, served by a kine-rs connected to the hub; a second site's copy in its own
     // embedded server, a leaf node of the hub.
     let metrics = free_port();
@@ -150,6 +161,13 @@ async fn edge_hub_copies_link_cut_and_promotion() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     same_at_every_revision(&mut e, &mut c, "/registry/", compacted, last).await;
+    // The backup made by hand is served too: detected as a mirror, read-only.
+    let backup = Server::start(&["--endpoint", &format!("{}?noEmbed&bucket=kine-backup", hub.url())]);
+    let mut b = backup.client().await;
+    wait_for_revision(&mut b, last, Duration::from_secs(20)).await;
+    assert!(b.status().await.unwrap().is_learner());
+    assert_eq!(b.hash_kv(last).await.unwrap().hash(), e.hash_kv(last).await.unwrap().hash());
+    drop(backup);
     assert_eq!(metric(metrics, "kine_copy_link_up").await, 1.0);
     assert_eq!(http_get(metrics, "/health?lag=2s", None).await.0, 200);
 
