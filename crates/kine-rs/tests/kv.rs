@@ -202,4 +202,11 @@ async fn unsupported_rpcs_are_rejected_precisely() {
     assert_eq!(code(&e).0, tonic::Code::Unimplemented);
     let e = c.auth_enable().await.unwrap_err();
     assert_eq!(code(&e).0, tonic::Code::Unimplemented);
+    // MemberPromote answers as etcd does for a member that is not a learner (only a read-only
+    // copy of a NATS bucket is one, nats_copy.rs).
+    let id = c.member_list().await.unwrap().members()[0].id();
+    let e = c.member_promote(id).await.unwrap_err();
+    assert_eq!(code(&e), (tonic::Code::FailedPrecondition, "etcdserver: can only promote a learner member".into()));
+    let e = c.member_promote(id ^ 1).await.unwrap_err();
+    assert_eq!(code(&e), (tonic::Code::NotFound, "etcdserver: member not found".into()));
 }

@@ -82,6 +82,13 @@ async fn a_copy_serves_what_its_origin_serves_and_refuses_writes() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     same_at_every_revision(&mut o, &mut c, "/registry/", second_compaction - 5, last).await;
+    // The mirror is purged as its origin was (NATS mirrors do not repeat purges).
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let mut messages = Vec::new();
+    for stream in ["KV_kine", "KV_copy"] {
+        messages.push(js.get_stream(stream).await.unwrap().info().await.unwrap().state.messages);
+    }
+    assert_eq!(messages[0], messages[1], "messages in the origin's stream and in the mirror");
     for rev in [second_compaction, (second_compaction + last) / 2, last] {
         let (x, y) = (o.hash_kv(rev).await.unwrap(), c.hash_kv(rev).await.unwrap());
         assert_eq!((x.hash(), x.compact_version()), (y.hash(), y.compact_version()), "HashKV at {rev}");
