@@ -87,6 +87,8 @@ struct Inner {
     /// The bucket named in the stored subjects (`$KV.<stored>.…`): the name it was created with
     /// (another on a copy, or a promoted copy).
     stored: String,
+    /// When the bucket was created (unix nanoseconds; the same on its copies): a fence names it.
+    birth: i64,
     client: async_nats::Client,
     js: jetstream::Context,
     stream: stream::Stream,
@@ -230,6 +232,7 @@ impl NatsBackend {
             // The same datastore on a copy and its origin.
             cluster_id: hash_id(&format!("kine-rs/{}", opened.stored)),
             stored: opened.stored,
+            birth: opened.birth,
             client,
             rounds: barrier::Rounds::new(js.clone(), stream_name.clone()),
             local,

@@ -6,10 +6,13 @@
 //! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload get --clients 16 --keys 100000
 //! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload list --shape k8s --keys 10000
 //! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload watch --watchers 1000 --clients 10
+//! kine-rs-bench --endpoint http://COPY --write-endpoint http://ORIGIN --workload watch --rate 2000
+//! kine-rs-bench --endpoint http://COPY --write-endpoint http://ORIGIN --workload failover --origin-pid PID
 //! ```
 //! Workloads that read preloaded keys (`get`, `cas`, `list`, `count`) first make sure that
 //! `--keys` keys of the shape's key space exist (a larger count extends a smaller one).
 
+mod failover;
 mod keys;
 mod server;
 mod stats;
@@ -41,8 +44,15 @@ enum Workload {
     Count,
     /// `--watchers` watches on a prefix and one writer at `--rate` puts/s; reports event
     /// delivery: ops = events delivered, latency = delivery latency; events not delivered 5 s
-    /// after the last put count as errors (flat shape only).
+    /// after the last put count as errors (flat shape only). With `--write-endpoint`, the
+    /// puts go there (a read-only copy's origin) and the report adds how many revisions behind
+    /// the writers each event arrived.
     Watch,
+    /// A read-only copy's failover: `--writers` put new keys on `--write-endpoint` (the origin)
+    /// at `--rate` for `--seconds`, then `--origin-pid` is killed and the copy (`--endpoint`)
+    /// promoted; reports the time to the promotion and to its first write, and the
+    /// acknowledged writes it lost.
+    Failover,
 }
 
 /// The name clap gives a value on the command line (`k8s`, `cas`).
@@ -94,6 +104,16 @@ struct Args {
     /// `watch`: puts per second of the writer.
     #[arg(long, default_value_t = 200)]
     rate: u64,
+    /// `watch` and `failover`: where the writers write (a read-only copy's origin); `--endpoint`
+    /// by default.
+    #[arg(long)]
+    write_endpoint: Option<String>,
+    /// `watch` and `failover`: writer connections sharing `--rate`.
+    #[arg(long, default_value_t = 1)]
+    writers: u64,
+    /// `failover`: the origin's process, killed with SIGKILL after `--seconds`.
+    #[arg(long)]
+    origin_pid: Option<u32>,
     /// The server's process id: its CPU time and peak RSS during the run are reported.
     #[arg(long)]
     server_pid: Option<u32>,
@@ -117,7 +137,7 @@ impl Args {
             );
         }
         ensure!(self.limit > 0 || self.workload != Workload::List, "--limit must be at least 1");
-        if matches!(self.workload, Workload::Put | Workload::Watch) {
+        if matches!(self.workload, Workload::Put | Workload::Watch | Workload::Failover) {
             ensure!(
                 self.shape == Shape::Flat,
                 "--shape {} does not apply to {} (use create for Kubernetes-shaped writes)",
@@ -125,9 +145,16 @@ impl Args {
                 name(self.workload)
             );
         }
+        if matches!(self.workload, Workload::Watch | Workload::Failover) {
+            ensure!(self.rate > 0, "--rate must be at least 1 put per second");
+            ensure!(self.writers > 0 && self.writers <= self.rate, "--writers must be from 1 to --rate");
+        }
+        if self.workload == Workload::Failover {
+            ensure!(self.write_endpoint.is_some(), "failover needs --write-endpoint (the origin)");
+            ensure!(self.origin_pid.is_some(), "failover needs --origin-pid (the origin's process, killed)");
+        }
         if self.workload == Workload::Watch {
             ensure!(self.watchers > 0, "--watchers must be at least 1");
-            ensure!(self.rate > 0, "--rate must be at least 1 put per second");
             ensure!(self.watchers >= self.clients, "--watchers must be at least --clients (each connection watches)");
         }
         Ok(())
@@ -161,14 +188,42 @@ async fn main() -> Result<()> {
             return Ok(());
         }
     }
+    if args.workload == Workload::Failover {
+        let writers = writers(&args).await?;
+        let pid = args.origin_pid.context("--origin-pid")?;
+        let o = failover::run(first, writers, args.rate, args.value_bytes, args.seconds, pid).await?;
+        println!(
+            "label={} workload=failover rate={} writers={} acked={} lost={} origin_revision={} promoted_revision={} promoted_ms={:.0} first_write_ms={:.0}",
+            if args.label.is_empty() { "-" } else { &args.label },
+            args.rate,
+            args.writers,
+            o.acked,
+            o.lost,
+            o.origin_revision,
+            o.promoted_revision,
+            o.promoted.as_secs_f64() * 1000.0,
+            o.first_write.as_secs_f64() * 1000.0
+        );
+        return Ok(());
+    }
     let mut clients = Vec::new();
     for _ in 0..args.clients {
         clients.push(connect(&args.endpoint).await?);
     }
     let before = args.server_pid.map(server::usage).transpose()?;
     let (mut stats, elapsed, extra) = if args.workload == Workload::Watch {
-        let o = watch::run(clients, first, args.watchers, args.rate, args.value_bytes, args.seconds).await?;
-        (o.stats, o.elapsed, format!(" watchers={} rate={} puts={}", args.watchers, args.rate, o.puts))
+        let writers = writers(&args).await?;
+        let o = watch::run(clients, writers, args.watchers, args.rate, args.value_bytes, args.seconds).await?;
+        let mut extra = format!(" watchers={} rate={} puts={}", args.watchers, args.rate, o.puts);
+        if args.write_endpoint.is_some() {
+            let mut behind = o.behind;
+            behind.sort_unstable();
+            let at = |p: f64| {
+                behind.get(((behind.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0)
+            };
+            extra.push_str(&format!(" behind_p50_revs={} behind_p99_revs={}", at(0.5), at(0.99)));
+        }
+        (o.stats, o.elapsed, extra)
     } else {
         let (stats, elapsed) = run_clients(args.workload, clients, &params, args.seconds).await?;
         (stats, elapsed, String::new())
@@ -208,6 +263,16 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
+/// The writer connections of `watch` and `failover`.
+async fn writers(args: &Args) -> Result<Vec<etcd_client::Client>> {
+    let endpoint = args.write_endpoint.as_deref().unwrap_or(&args.endpoint);
+    let mut writers = Vec::new();
+    for _ in 0..args.writers {
+        writers.push(connect(endpoint).await?);
+    }
+    Ok(writers)
+}
+
 /// Runs a request/response workload on every client until `seconds` have passed.
 async fn run_clients(
     workload: Workload,
@@ -227,7 +292,7 @@ async fn run_clients(
             Workload::Cas => tokio::spawn(workload::cas(c, id, p, deadline)),
             Workload::List => tokio::spawn(workload::list(c, id, p, deadline)),
             Workload::Count => tokio::spawn(workload::count(c, id, p, deadline)),
-            Workload::Load | Workload::Watch => unreachable!("handled by the caller"),
+            Workload::Load | Workload::Watch | Workload::Failover => unreachable!("handled by the caller"),
         });
     }
     let mut stats = Stats::default();

@@ -1,12 +1,15 @@
 //! Watch fan-out: `watchers` watches on one prefix, spread over the connections the way etcd's
 //! Go client (and so kube-apiserver) multiplexes them: one gRPC watch stream per connection
-//! carrying that connection's share of the watches. One more connection puts under the prefix
-//! at a fixed rate; each value carries its send time, so every delivered event yields a
-//! delivery latency. Both ends run in this process and share one clock (`origin`).
+//! carrying that connection's share of the watches. Writer connections (`--writers`, on
+//! `--write-endpoint` when given: a copy's origin) put under the prefix at a fixed rate; each
+//! value carries its send time, so every delivered event yields a delivery latency. Both ends
+//! run in this process and share one clock (`origin`).
 
 use crate::stats::Stats;
 use anyhow::{Context as _, Result, bail};
 use etcd_client::{Client, WatchOptions, WatchStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -19,18 +22,22 @@ const DRAIN: Duration = Duration::from_secs(5);
 const WRITTEN_KEYS: u64 = 1000;
 
 /// What a watch run measured: `stats` holds one latency per delivered event and counts failed
-/// puts and missed events (expected = successful puts × watchers) as errors.
+/// puts and missed events (expected = successful puts × watchers) as errors; `behind` holds, per
+/// delivered event, how many revisions the writers' newest acknowledged revision was ahead of
+/// it when it arrived (a read-only copy's lag behind its origin, with `--write-endpoint`).
 pub struct Outcome {
     pub stats: Stats,
     pub puts: u64,
     pub elapsed: Duration,
+    pub behind: Vec<i64>,
 }
 
 /// Opens the watches (`watchers` spread over `clients`), waits until the server confirmed every
-/// one, then puts at `rate` per second until `seconds` have passed and collects the events.
+/// one, then puts at `rate` per second in all (shared by the `writers`) until `seconds` have
+/// passed and collects the events.
 pub async fn run(
     clients: Vec<Client>,
-    writer: Client,
+    writers: Vec<Client>,
     watchers: u64,
     rate: u64,
     value_bytes: usize,
@@ -46,19 +53,39 @@ pub async fn run(
         streams.push((stream, share));
     }
     let origin = Instant::now();
+    let acked = Arc::new(AtomicI64::new(0));
     let (done, finished) = watch::channel(None);
-    let receivers: Vec<_> =
-        streams.into_iter().map(|(s, share)| tokio::spawn(receive(s, share, origin, finished.clone()))).collect();
+    let receivers: Vec<_> = streams
+        .into_iter()
+        .map(|(s, share)| tokio::spawn(receive(s, share, origin, finished.clone(), acked.clone())))
+        .collect();
     let deadline = origin + Duration::from_secs_f64(seconds);
-    let (puts, put_errors) = write(writer, rate, value_bytes, origin, deadline).await;
+    let n = writers.len() as u64;
+    let tasks: Vec<_> = writers
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let each = Duration::from_secs_f64(n as f64 / rate as f64);
+            tokio::spawn(write(w, i as u64, each, value_bytes, origin, deadline, acked.clone()))
+        })
+        .collect();
+    let (mut puts, mut put_errors) = (0, 0);
+    for t in tasks {
+        let (p, e) = t.await?;
+        puts += p;
+        put_errors += e;
+    }
     // Receivers that lost their stream have returned already; nobody listening is fine.
     let _ = done.send(Some(puts));
     let mut stats = Stats::default();
     stats.errors = put_errors;
+    let mut behind = Vec::new();
     for r in receivers {
-        stats.merge(r.await?);
+        let (s, b) = r.await?;
+        stats.merge(s);
+        behind.extend(b);
     }
-    Ok(Outcome { stats, puts, elapsed: origin.elapsed() })
+    Ok(Outcome { stats, puts, elapsed: origin.elapsed(), behind })
 }
 
 /// One watch stream with `share` watches on [`PREFIX`], returned once the server confirmed all.
@@ -93,11 +120,19 @@ fn sent(value: &[u8]) -> Option<Duration> {
     Some(Duration::from_nanos(nanos))
 }
 
-/// Puts at `rate` per second until the deadline, one at a time (a put slower than the period
-/// delays the next, so the rate achieved can fall short; the report's `puts` shows it).
-/// Returns the successful puts and the failed ones.
-async fn write(mut c: Client, rate: u64, value_bytes: usize, origin: Instant, deadline: Instant) -> (u64, u64) {
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+/// Puts one every `period` until the deadline, one at a time (a put slower than the period
+/// delays the next, so the rate achieved can fall short; the report's `puts` shows it), on keys
+/// of its own (writer `id`). Returns the successful puts and the failed ones.
+async fn write(
+    mut c: Client,
+    id: u64,
+    period: Duration,
+    value_bytes: usize,
+    origin: Instant,
+    deadline: Instant,
+    acked: Arc<AtomicI64>,
+) -> (u64, u64) {
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut puts, mut errors) = (0, 0);
     for i in 0.. {
@@ -105,9 +140,14 @@ async fn write(mut c: Client, rate: u64, value_bytes: usize, origin: Instant, de
         if Instant::now() >= deadline {
             break;
         }
-        let key = format!("{PREFIX}{:04}", i % WRITTEN_KEYS);
+        let key = format!("{PREFIX}{id}/{:04}", i % WRITTEN_KEYS);
         match c.put(key, value(origin.elapsed(), value_bytes), None).await {
-            Ok(_) => puts += 1,
+            Ok(r) => {
+                puts += 1;
+                if let Some(h) = r.header() {
+                    acked.fetch_max(h.revision(), Ordering::Relaxed);
+                }
+            }
             Err(_) => errors += 1,
         }
     }
@@ -121,8 +161,10 @@ async fn receive(
     share: u64,
     origin: Instant,
     mut finished: watch::Receiver<Option<u64>>,
-) -> Stats {
+    acked: Arc<AtomicI64>,
+) -> (Stats, Vec<i64>) {
     let mut stats = Stats::default();
+    let mut behind = Vec::new();
     let (mut delivered, mut expected) = (0, None);
     // Armed when the writer stops; until then, never.
     let drain = tokio::time::sleep(Duration::MAX);
@@ -135,10 +177,14 @@ async fn receive(
                     break;
                 };
                 let now = origin.elapsed();
+                let newest = acked.load(Ordering::Relaxed);
                 for e in r.events() {
                     match e.kv().and_then(|kv| sent(kv.value())) {
                         Some(sent) => stats.record(now.saturating_sub(sent)),
                         None => stats.errors += 1,
+                    }
+                    if let Some(kv) = e.kv() {
+                        behind.push((newest - kv.mod_revision()).max(0));
                     }
                     delivered += 1;
                 }
@@ -153,7 +199,7 @@ async fn receive(
         }
     }
     stats.errors += expected.unwrap_or(0).saturating_sub(delivered);
-    stats
+    (stats, behind)
 }
 
 #[cfg(test)]

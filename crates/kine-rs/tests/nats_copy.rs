@@ -370,3 +370,33 @@ async fn a_planned_promotion_loses_nothing() {
     assert!(next > last, "{next} after {last}");
     let _ = o.status().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_bucket_under_the_old_origins_name_is_not_fenced() {
+    let nats = NatsServer::start();
+    let origin = origin(&nats);
+    let mut o = origin.client().await;
+    o.put("/a", "1", None).await.unwrap();
+    let copy = copy_of_kine(&nats, "copy", &[]);
+    let mut c = copy.client().await;
+    wait_for_revision(&mut c, 2, Duration::from_secs(10)).await;
+    // The origin is lost for good: its streams are gone, so the promotion cannot fence it.
+    drop(origin);
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    for stream in ["KV_kine", "KV_kine-meta"] {
+        js.delete_stream(stream).await.unwrap();
+    }
+    let id = c.member_list().await.unwrap().members()[0].id();
+    c.member_promote(id).await.unwrap();
+    assert!(copy.log().contains("promoting without it"), "{}", copy.log());
+    // A new bucket under the old name is another datastore: the promoted copy leaves it alone.
+    let fresh = Server::start(&["--endpoint", &format!("{}?noEmbed", nats.url())]);
+    let mut f = fresh.client().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        f.put("/b", "2", None).await.expect("the new bucket takes writes");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(copy.log().contains("the old origin bucket is gone"), "{}", copy.log());
+    assert!(!fresh.log().contains("superseded"), "{}", fresh.log());
+}

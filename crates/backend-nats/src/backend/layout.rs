@@ -89,6 +89,9 @@ pub(super) struct Opened {
     pub meta: kv::Store,
     /// The bucket name the stored subjects carry.
     pub stored: String,
+    /// When the bucket was created (its marker's time, unix nanoseconds; kept by mirrors): tells
+    /// one bucket from another of the same name.
+    pub birth: i64,
     /// What the bucket mirrors (a read-only copy), or mirrored before a promotion.
     pub origin: Option<Origin>,
     /// The bucket is a mirror now.
@@ -126,7 +129,7 @@ pub(super) async fn open(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::R
             None
         }
     };
-    let stored = match &origin {
+    let (stored, birth) = match &origin {
         Some(origin) => wait_for_marker(js, &stream, &cfg.bucket, origin).await?,
         None => own_marker(js, &stream, cfg, &info).await?,
     };
@@ -155,7 +158,7 @@ pub(super) async fn open(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::R
         Some(o) => Some(o),
         None => super::promote::recorded_origin(&meta).await?,
     };
-    Ok(Opened { stream, info, meta, stored, origin, copy })
+    Ok(Opened { stream, info, meta, stored, birth, origin, copy })
 }
 
 fn not_found(e: &jetstream::context::GetStreamError) -> bool {
@@ -223,15 +226,20 @@ fn check_mirror(cfg: &NatsConfig, source: &stream::Source) -> anyhow::Result<Ori
     Ok(origin)
 }
 
+/// The marker's time in unix nanoseconds.
+fn birth(m: &jetstream::message::StreamMessage) -> i64 {
+    m.time.unix_timestamp_nanos() as i64
+}
+
 /// Waits for a copy's mirror to hold its origin's `~init` marker, and returns the bucket name
-/// the stored subjects carry. A mirror that stays empty is an error (never a silent empty
-/// store), naming the mirror's own error when it has one.
+/// the stored subjects carry and the marker's time. A mirror that stays empty is an error
+/// (never a silent empty store), naming the mirror's own error when it has one.
 async fn wait_for_marker(
     js: &jetstream::Context,
     stream: &stream::Stream,
     bucket: &str,
     origin: &Origin,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<(String, i64)> {
     let started = Instant::now();
     let mut warned = started;
     // Since when the mirror has been reporting an error (its origin's stream missing, say).
@@ -244,7 +252,7 @@ async fn wait_for_marker(
                     .strip_prefix("$KV.")
                     .and_then(|s| s.strip_suffix(&format!(".{}", message::INIT_TOKEN)))
                     .ok_or_else(|| anyhow!("the marker's subject {} is not a kine-rs bucket's", m.subject))?;
-                return Ok(stored.to_string());
+                return Ok((stored.to_string(), birth(&m)));
             }
             Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => {}
             Err(e) => bail!("read the mirror {}: {e}", stream_name(bucket)),
@@ -282,14 +290,15 @@ async fn wait_for_marker(
     }
 }
 
-/// A bucket of its own (or a promoted copy): the stored bucket name, after checking its marker
-/// (written here, as the stream's first message, if the stream is empty).
+/// A bucket of its own (or a promoted copy): the stored bucket name and the marker's time,
+/// after checking the marker (written here, as the stream's first message, if the stream is
+/// empty).
 async fn own_marker(
     js: &jetstream::Context,
     stream: &stream::Stream,
     cfg: &NatsConfig,
     info: &stream::Info,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<(String, i64)> {
     let write = format!("$KV.{}.>", cfg.bucket);
     let stored = match &info.config.subject_transform {
         Some(t) if t.source == write => t
@@ -308,7 +317,7 @@ async fn own_marker(
     };
     let init = message::init_subject(&stored);
     match stream.get_last_raw_message_by_subject(&init).await {
-        Ok(_) => {}
+        Ok(m) => return Ok((stored, birth(&m))),
         Err(e) if e.kind() != stream::LastRawMessageErrorKind::NoMessageFound => {
             return Err(anyhow!("read bucket {}'s marker: {e}", cfg.bucket));
         }
@@ -331,7 +340,12 @@ async fn own_marker(
             cfg.bucket
         ),
     }
-    Ok(stored)
+    // Written just now (by this node or another): read it back for its time.
+    let m = stream
+        .get_last_raw_message_by_subject(&init)
+        .await
+        .with_context(|| format!("read bucket {}'s marker", cfg.bucket))?;
+    Ok((stored, birth(&m)))
 }
 
 /// `<bucket>-meta`: a mirror of the origin's on a copy (created if missing); otherwise a KV bucket

@@ -35,6 +35,19 @@ const FENCE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often a promoted primary tries to fence an origin it could not reach.
 const FENCE_RETRY: Duration = Duration::from_secs(1);
 
+/// What fencing the old origin found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fence {
+    /// It has its `superseded` record.
+    Fenced,
+    /// It is not there any more: a bucket of its name created since answered.
+    Gone,
+}
+
+/// The answers of `listen_for_fence`.
+const OK: &str = "ok";
+const GONE: &str = "gone";
+
 /// Where a kine-rs on bucket `bucket` in JetStream domain `domain` ("-": none) takes fences.
 fn fence_subject(domain: &str, bucket: &str) -> String {
     format!("kine-rs.fence.{domain}.{bucket}")
@@ -61,12 +74,13 @@ pub(super) async fn listen_for_fence(inner: Arc<Inner>) {
     };
     while let Some(request) = requests.next().await {
         let answer = match serde_json::from_slice::<Superseded>(&request.payload) {
+            Ok(record) if record.birth != inner.birth => GONE.to_string(),
             Ok(_) => {
                 match super::timed("record the fence", inner.meta.put(meta::SUPERSEDED, request.payload.clone())).await
                 {
                     Ok(_) => {
                         inner.on_superseded(&request.payload);
-                        "ok".to_string()
+                        OK.to_string()
                     }
                     Err(e) => format!("error: {e}"),
                 }
@@ -84,6 +98,9 @@ pub(super) async fn listen_for_fence(inner: Arc<Inner>) {
 struct Promoted {
     origin_stream: String,
     origin_api: Option<String>,
+    /// The origin's creation time (it is the copy's too): a fence names it.
+    #[serde(default)]
+    origin_birth: i64,
     /// The newest revision the copy had: revisions continue after it.
     revision: Revision,
     at_unix: u64,
@@ -94,6 +111,9 @@ struct Promoted {
 /// `superseded` in the old origin's meta bucket.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 struct Superseded {
+    /// The creation time of the bucket superseded: a bucket created since under the same name is
+    /// not the one superseded, and ignores it.
+    birth: i64,
     /// The promoted copy's bucket.
     bucket: String,
     /// The promoted copy, for messages.
@@ -157,10 +177,12 @@ impl Inner {
         }
         let origin = self.origin.clone().ok_or(Error::NotLearner)?;
         let fenced = match self.fence(&origin, 0).await {
-            Ok(()) => {
+            Ok(Fence::Fenced) => {
                 self.catch_up(&origin).await;
                 true
             }
+            // Nothing left to fence or catch up with.
+            Ok(Fence::Gone) => true,
             Err(e) => {
                 tracing::warn!(origin = %origin.describe(), error = %e, "cannot reach the origin to fence it; promoting without it (it is fenced once it can be reached)");
                 false
@@ -209,6 +231,7 @@ impl Inner {
         let record = Promoted {
             origin_stream: origin.stream.clone(),
             origin_api: origin.api.clone(),
+            origin_birth: self.birth,
             revision: state.last,
             at_unix: now_unix(),
             fenced,
@@ -306,8 +329,9 @@ impl Inner {
     /// NATS does not carry `$KV.>` subjects between JetStream domains over leaf nodes, so an
     /// origin in another domain is asked on `kine-rs.fence.<domain>.<bucket>`, which a running
     /// kine-rs on it answers after recording the fence itself (`listen_for_fence`).
-    async fn fence(&self, origin: &Origin, revision: Revision) -> anyhow::Result<()> {
+    async fn fence(&self, origin: &Origin, revision: Revision) -> anyhow::Result<Fence> {
         let record = Superseded {
+            birth: self.birth,
             bucket: self.bucket.clone(),
             by: format!("the promoted copy {} (bucket {})", stream_name(&self.bucket), self.bucket),
             revision,
@@ -317,9 +341,16 @@ impl Inner {
         let answered = tokio::time::timeout(FENCE_TIMEOUT, async {
             match origin.domain() {
                 None if origin.api.is_none() => {
+                    // Only the bucket this copy was made from: one created since under its name
+                    // has another marker time.
+                    let stream = self.js.get_stream(&origin.stream).await?;
+                    let marker = stream.get_last_raw_message_by_subject(&message::init_subject(&self.stored)).await?;
+                    if marker.time.unix_timestamp_nanos() as i64 != self.birth {
+                        return Ok(Fence::Gone);
+                    }
                     let subject = format!("$KV.{}-meta.{}", origin.bucket(), meta::SUPERSEDED);
                     self.js.publish(subject, payload).await?.await?;
-                    Ok(())
+                    Ok(Fence::Fenced)
                 }
                 None => Err(anyhow!(
                     "the origin is reached through {}, not a JetStream domain: stop it by hand",
@@ -328,7 +359,8 @@ impl Inner {
                 Some(domain) => {
                     let answer = self.client.request(fence_subject(domain, origin.bucket()), payload).await?;
                     match std::str::from_utf8(&answer.payload) {
-                        Ok("ok") => Ok(()),
+                        Ok(OK) => Ok(Fence::Fenced),
+                        Ok(GONE) => Ok(Fence::Gone),
                         other => Err(anyhow!("the origin answered {other:?}")),
                     }
                 }
@@ -336,13 +368,16 @@ impl Inner {
         })
         .await
         .map_err(|_| anyhow!("no answer within {FENCE_TIMEOUT:?}"))?;
-        answered?;
+        if answered? == Fence::Gone {
+            tracing::info!(origin = %origin.describe(), "the old origin bucket is gone (a new bucket has its name): nothing to fence");
+            return Ok(Fence::Gone);
+        }
         if revision == 0 {
             tracing::info!(origin = %origin.describe(), "the old origin is fenced: it refuses writes from now on");
         } else {
             tracing::debug!(origin = %origin.describe(), revision, "told the old origin where the histories part");
         }
-        Ok(())
+        Ok(Fence::Fenced)
     }
 
     /// On a promoted primary whose old origin was not reached: fence it as soon as it can be.
@@ -361,8 +396,10 @@ impl Inner {
                 return;
             }
             let origin = Origin { stream: record.origin_stream.clone(), api: record.origin_api.clone() };
-            if self.fence(&origin, record.revision).await.is_ok() {
-                self.report_fork(&origin, record.revision).await;
+            if let Ok(fence) = self.fence(&origin, record.revision).await {
+                if fence == Fence::Fenced {
+                    self.report_fork(&origin, record.revision).await;
+                }
                 let done = Promoted { fenced: true, ..record };
                 if let Ok(value) = serde_json::to_vec(&done) {
                     let _ = super::timed("record the fence", self.meta.put(meta::PROMOTED, value.into())).await;
@@ -398,6 +435,10 @@ impl Inner {
             tracing::warn!("ignoring an unreadable supersession record");
             return;
         };
+        if record.birth != self.birth {
+            tracing::warn!(by = %record.by, "ignoring a fence meant for an earlier bucket of this name");
+            return;
+        }
         if self.is_copy() {
             // Its origin's record, mirrored here (this copy's own fence while it is promoted, or
             // another copy's): the origin takes no writes any more.
