@@ -14,7 +14,10 @@
 # Writes are puts of 2 KiB values (a Kubernetes object's size) from 8 connections, each
 # writer on keys of its own (the watch workload of kine-rs-bench with --write-endpoint).
 #
-#   bench/copies.sh [seconds-per-run]        (default 15)
+#   bench/copies.sh [seconds-per-run] [parts]   (defaults: 15, "local leaf failover")
+#
+# Parts: local (lag and reads on the local set-up), leaf (lag over the leaf connection),
+# failover (three rounds at each rate).
 #
 # Needs target/release/kine-rs and target/release/kine-rs-bench (cargo build --release -p
 # kine-rs -p kine-rs-bench) and nats-server in $(go env GOPATH)/bin (scripts/install-test-deps).
@@ -23,6 +26,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
 seconds=${1:-15}
+parts=${2:-local leaf failover}
+wants() { [[ " $parts " == *" $1 "* ]]; }
 
 die() {
     echo "copies.sh: $*" >&2
@@ -124,6 +129,7 @@ lag_runs() { # lag_runs SETUP ORIGIN_PORT COPY_PORT
 
 say "# $(date -u +%FT%TZ) bench/copies.sh $seconds; $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'); nats-server $("$nats" --version | awk '{print $2}'); kine-rs $(git rev-parse --short HEAD)"
 
+if wants local; then
 say "## lag, local"
 local_setup
 lag_runs local 24401 24402
@@ -148,17 +154,25 @@ run watch-origin --endpoint http://127.0.0.1:24401 --workload watch --watchers 1
 run watch-copy1 --endpoint http://127.0.0.1:24402 --write-endpoint http://127.0.0.1:24401 --workload watch \
     --watchers 1000 --clients 10 --rate 200 --seconds "$seconds"
 stop_all
+fi
 
-say "## lag, leaf"
-leaf_setup
-lag_runs leaf 24301 24302
-stop_all
-
-say "## failover, leaf"
-for rate in 500 2000; do
+if wants leaf; then
+    say "## lag, leaf"
     leaf_setup
-    run "failover-$rate" --endpoint http://127.0.0.1:24302 --write-endpoint http://127.0.0.1:24301 \
-        --workload failover --writers 8 --rate $rate --value-bytes 2048 --seconds "$seconds" --origin-pid "$edge_pid"
+    lag_runs leaf 24301 24302
     stop_all
-done
+fi
+
+if wants failover; then
+    say "## failover, leaf"
+    for rate in 500 2000; do
+        for _ in 1 2 3; do
+            leaf_setup
+            run "failover-$rate" --endpoint http://127.0.0.1:24302 --write-endpoint http://127.0.0.1:24301 \
+                --workload failover --writers 8 --rate $rate --value-bytes 2048 --seconds "$seconds" \
+                --origin-pid "$edge_pid"
+            stop_all
+        done
+    done
+fi
 say "# done; lines in $runs"

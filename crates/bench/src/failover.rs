@@ -1,11 +1,12 @@
 //! Failover of a read-only copy (docs/nats.md, "Promotion"): writers create keys on the origin
 //! (`--write-endpoint`) at a fixed rate, recording every acknowledged write; after the run time
-//! the origin's process (`--origin-pid`) is killed with SIGKILL and the copy (`--endpoint`) is
-//! promoted at once. Reports how long until the copy was promoted and took its first write, and
+//! the origin's process (`--origin-pid`) is killed with SIGKILL while they write, and the copy
+//! (`--endpoint`) is promoted at once. Reports how long until the copy was promoted and took its first write, and
 //! how many acknowledged writes it does not hold (the RPO).
 
 use anyhow::{Context as _, Result, bail};
 use etcd_client::{Client, GetOptions};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,9 @@ pub async fn run(
     origin_pid: u32,
 ) -> Result<Outcome> {
     let acked: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    // The writers go on until the origin is dead: the writes in flight at the kill are the
+    // ones a copy may miss.
+    let stop = Arc::new(AtomicBool::new(false));
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let n = writers.len();
     let period = Duration::from_secs_f64(n as f64 / rate as f64);
@@ -44,14 +48,14 @@ pub async fn run(
         .into_iter()
         .enumerate()
         .map(|(id, mut c)| {
-            let acked = acked.clone();
+            let (acked, stop) = (acked.clone(), stop.clone());
             let value = vec![b'v'; value_bytes];
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(period);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 for i in 0.. {
                     tick.tick().await;
-                    if Instant::now() >= deadline {
+                    if stop.load(Ordering::Relaxed) {
                         return;
                     }
                     let key = format!("{PREFIX}{id}/{i}");
@@ -71,6 +75,9 @@ pub async fn run(
     if !status.success() {
         bail!("kill -9 {origin_pid} failed");
     }
+    // Writes in flight fail now (never acknowledged); give them a moment to.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.abort();
     }

@@ -24,7 +24,7 @@ fn copy_of_kine(nats: &NatsServer, bucket: &str, extra: &[&str]) -> Server {
 
 fn assert_learner_refusal(e: Error, what: &str) {
     let (code, message) = status_of(e);
-    assert_eq!(code, tonic::Code::Unavailable, "{what}: {message}");
+    assert_eq!(code, tonic::Code::FailedPrecondition, "{what}: {message}");
     assert!(
         message.starts_with("etcdserver: rpc not supported for learner: ") && message.contains("KV_kine"),
         "{what}: {message}"
@@ -323,7 +323,7 @@ async fn promotion_keeps_every_revision_and_fences_the_old_origin() {
     let back = Server::start(&["--endpoint", &format!("{}?noEmbed", nats.url())]);
     let mut b = back.client().await;
     let (code, message) = status_of(b.put("/registry/fork", "x", None).await.unwrap_err());
-    assert_eq!(code, tonic::Code::Unavailable);
+    assert_eq!(code, tonic::Code::FailedPrecondition);
     assert!(message.contains("superseded by the promoted copy KV_copy"), "{message}");
     assert!(back.log().contains("superseded by a promoted copy"), "{}", back.log());
     assert_eq!(revision(&mut c).await, new_primary);
@@ -357,7 +357,7 @@ async fn a_planned_promotion_loses_nothing() {
     c.member_promote(id).await.unwrap();
     let (acked, refused) = writer.await.unwrap();
     let (code, message) = refused.expect("the origin refused writes once fenced");
-    assert_eq!(code, tonic::Code::Unavailable, "{message}");
+    assert_eq!(code, tonic::Code::FailedPrecondition, "{message}");
     assert!(message.contains("superseded"), "{message}");
     assert!(acked.len() > 50);
     // Every write the origin acknowledged is on the new primary at its revision.

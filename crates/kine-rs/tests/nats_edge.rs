@@ -206,7 +206,7 @@ async fn edge_hub_copies_link_cut_and_promotion() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(refusal.0, tonic::Code::Unavailable);
+    assert_eq!(refusal.0, tonic::Code::FailedPrecondition);
     assert!(refusal.1.contains("superseded by the promoted copy KV_kine-copy"), "{}", refusal.1);
     assert!(edge.log().contains("superseded by a promoted copy"), "{}", edge.log());
     assert!(c.get("/registry/fork-", Some(GetOptions::new().with_prefix())).await.unwrap().kvs().is_empty());

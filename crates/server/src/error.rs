@@ -23,7 +23,7 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
         Error::RequestTooLarge => etcd(Code::InvalidArgument, "etcdserver: request is too large"),
         Error::NoSpace => etcd(Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
         Error::Corrupt => etcd(Code::DataLoss, "etcdserver: corrupt cluster"),
-        Error::ReadOnly(why) => (Code::Unavailable, format!("etcdserver: rpc not supported for learner: {why}")),
+        Error::ReadOnly(why) => (Code::FailedPrecondition, format!("etcdserver: rpc not supported for learner: {why}")),
         Error::NotLearner => etcd(Code::FailedPrecondition, "etcdserver: can only promote a learner member"),
         Error::MemberNotFound => etcd(Code::NotFound, "etcdserver: member not found"),
         Error::Unsupported(what) => (Code::Unimplemented, what.clone()),
@@ -75,7 +75,7 @@ mod tests {
             (Error::MemberNotFound, Code::NotFound, "etcdserver: member not found"),
             (
                 Error::ReadOnly("a copy of X".into()),
-                Code::Unavailable,
+                Code::FailedPrecondition,
                 "etcdserver: rpc not supported for learner: a copy of X",
             ),
         ];
