@@ -13,6 +13,7 @@ pub mod memory;
 pub mod metered;
 pub mod metrics;
 pub mod range;
+pub mod range_stream;
 pub mod request;
 pub mod shutdown;
 pub mod snapshot;

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub db_size: IntGauge,
     pub db_size_in_use: IntGauge,
     pub watch_streams: IntGauge,
+    /// RangeStream RPCs being answered (their tasks).
+    pub range_streams: IntGauge,
     pub watchers: IntGauge,
     pub events_sent: IntCounter,
     pub progress_sent: IntCounter,
@@ -158,6 +160,7 @@ impl Metrics {
             )?,
             watch_streams: gauge("etcd_debugging_mvcc_watch_stream_total", "Total number of watch streams.")?,
             watchers: gauge("etcd_debugging_mvcc_watcher_total", "Total number of watchers.")?,
+            range_streams: gauge("kine_range_streams", "RangeStream RPCs being answered.")?,
             events_sent: counter("etcd_debugging_mvcc_events_total", "Total number of events sent by this member.")?,
             progress_sent: counter(
                 "kine_watch_progress_notifications_total",

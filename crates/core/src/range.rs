@@ -38,7 +38,11 @@ pub fn execute(view: &mut dyn ReadView, req: &RangeRequest, rev: Revision) -> Re
     let scan_keys_only = req.keys_only && req.sort_target != SortTarget::Value;
     let mut kvs = view.scan(&req.range, rev, fetch, scan_keys_only)?;
     // `count` is every live key in the range, before filters and limit (as etcd).
-    let count = if fetch == 0 || kvs.len() < fetch { kvs.len() as i64 } else { view.count(&req.range, rev)? };
+    let count = if fetch == 0 || kvs.len() < fetch || !req.total_count {
+        kvs.len() as i64
+    } else {
+        view.count(&req.range, rev)?
+    };
     if filtered {
         kvs.retain(|kv| keep(req, kv));
     }

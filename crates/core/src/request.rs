@@ -36,6 +36,9 @@ pub struct RangeRequest {
     pub max_mod_revision: Revision,
     pub min_create_revision: Revision,
     pub max_create_revision: Revision,
+    /// `count` is every key in the range (etcd's Range). `false`: only the keys returned, with
+    /// `more` still exact — for a part of a RangeStream, which counts once at the end.
+    pub total_count: bool,
 }
 
 impl RangeRequest {
@@ -53,6 +56,7 @@ impl RangeRequest {
             max_mod_revision: 0,
             min_create_revision: 0,
             max_create_revision: 0,
+            total_count: true,
         }
     }
 }

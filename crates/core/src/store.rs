@@ -90,6 +90,13 @@ impl Store {
         self.backend.range(req).await
     }
 
+    /// etcd 3.7's RangeStream: the answer in parts (see `range_stream`). `part_bytes` is the
+    /// size a part aims at.
+    pub fn range_stream(&self, req: RangeRequest, part_bytes: usize) -> Result<crate::range_stream::Parts> {
+        crate::range_stream::validate(&req)?;
+        Ok(crate::range_stream::Parts::new(self.backend.clone(), req, part_bytes))
+    }
+
     async fn txn_raw(&self, t: TxnRequest) -> Result<Revisioned<TxnResponse>> {
         if crate::alarm::txn_writes(&t) {
             self.writable()?;

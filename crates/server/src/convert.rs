@@ -34,6 +34,7 @@ pub fn range_request(r: pb::RangeRequest) -> Result<core::RangeRequest> {
         max_mod_revision: r.max_mod_revision,
         min_create_revision: r.min_create_revision,
         max_create_revision: r.max_create_revision,
+        total_count: true,
     })
 }
 

@@ -76,7 +76,9 @@ fn code_name(status: &[u8]) -> &'static str {
 fn grpc_type(service: &str, method: &str) -> &'static str {
     match (service, method) {
         ("etcdserverpb.Watch", "Watch") | ("etcdserverpb.Lease", "LeaseKeepAlive") => "bidi_stream",
-        ("etcdserverpb.Maintenance", "Snapshot") | ("grpc.health.v1.Health", "Watch") => "server_stream",
+        ("etcdserverpb.Maintenance", "Snapshot")
+        | ("etcdserverpb.KV", "RangeStream")
+        | ("grpc.health.v1.Health", "Watch") => "server_stream",
         _ => "unary",
     }
 }
@@ -174,5 +176,6 @@ mod tests {
         assert_eq!(super::code_name(b"99"), "Unknown");
         assert_eq!(super::grpc_type("etcdserverpb.Watch", "Watch"), "bidi_stream");
         assert_eq!(super::grpc_type("etcdserverpb.KV", "Range"), "unary");
+        assert_eq!(super::grpc_type("etcdserverpb.KV", "RangeStream"), "server_stream");
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::Context;
 use crate::convert;
-use crate::error::{status, unsupported};
+use crate::error::status;
 use kine_core::Error;
 use kine_proto::etcdserverpb as pb;
 use prost::Message;
@@ -34,9 +34,10 @@ impl pb::kv_server::Kv for KvService {
 
     async fn range_stream(
         &self,
-        _request: Request<pb::RangeRequest>,
+        request: Request<pb::RangeRequest>,
     ) -> Result<Response<Self::RangeStreamStream>, Status> {
-        Err(unsupported("KV.RangeStream (etcd 3.7)"))
+        let parts = crate::range_stream::serve(&self.0, request.into_inner()).await?;
+        Ok(Response::new(Box::pin(parts)))
     }
 
     async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {

@@ -10,6 +10,7 @@ mod grpc_metrics;
 mod kv;
 mod lease;
 mod maintenance;
+mod range_stream;
 mod snapshot;
 mod watch;
 

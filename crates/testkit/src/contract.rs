@@ -418,6 +418,60 @@ pub async fn lease_revoke_deletes_keys_in_one_revision(b: Arc<dyn Backend>) {
     assert_eq!(s.lease_revoke(77).await.unwrap(), 5);
 }
 
+/// RangeStream: its parts, concatenated, are the Range (keys, count, more, header revision) for
+/// every option it takes, at the revision of its first part whatever is written meanwhile.
+pub async fn range_stream_parts_are_the_range(b: Arc<dyn Backend>) {
+    let s = store(b).await;
+    for i in 0..300 {
+        put(&s, &format!("/rs/{i:04}"), &"v".repeat(i % 50)).await;
+    }
+    s.compact(100).await.unwrap();
+    let current = put(&s, "/rs/last", "x").await;
+    let cases = [
+        RangeRequest::new(prefix("/rs/")),
+        RangeRequest { limit: 7, ..RangeRequest::new(prefix("/rs/")) },
+        RangeRequest { limit: 300, ..RangeRequest::new(prefix("/rs/")) },
+        RangeRequest { keys_only: true, ..RangeRequest::new(prefix("/rs/")) },
+        RangeRequest { count_only: true, ..RangeRequest::new(prefix("/rs/")) },
+        RangeRequest { revision: 150, ..RangeRequest::new(prefix("/rs/")) },
+        RangeRequest { serializable: true, limit: 250, ..RangeRequest::new(prefix("/rs/")) },
+        RangeRequest { sort_order: SortOrder::Ascend, ..RangeRequest::new(prefix("/rs/")) },
+        RangeRequest::new(KeyRange::single("/rs/0042")),
+        RangeRequest::new(prefix("/none/")),
+    ];
+    for req in cases {
+        let unary = s.range(req.clone()).await.unwrap();
+        // A small part size: many parts.
+        let mut parts = s.range_stream(req.clone(), 2048).unwrap();
+        let mut kvs = Vec::new();
+        let mut last = None;
+        let mut n = 0;
+        while let Some(p) = parts.next().await.unwrap() {
+            n += 1;
+            if n == 2 {
+                // Written during the stream: not in it.
+                put(&s, "/rs/0000", "late").await;
+            }
+            assert!(last.is_none(), "{req:?}: a part after the last");
+            kvs.extend(p.kvs);
+            last = p.last;
+        }
+        let last = last.expect("a last part");
+        assert_eq!(kvs, unary.value.kvs, "{req:?}");
+        assert_eq!(
+            (last.revision, last.count, last.more),
+            (unary.revision, unary.value.count, unary.value.more),
+            "{req:?}"
+        );
+    }
+    assert!(current > 1);
+    // Revisions: future and compacted as Range answers them.
+    let future = RangeRequest { revision: 100_000, ..RangeRequest::new(prefix("/rs/")) };
+    assert!(matches!(s.range_stream(future, 2048).unwrap().next().await, Err(Error::FutureRevision)));
+    let compacted = RangeRequest { revision: 50, ..RangeRequest::new(prefix("/rs/")) };
+    assert!(matches!(s.range_stream(compacted, 2048).unwrap().next().await, Err(Error::Compacted { .. })));
+}
+
 /// Defines one `#[tokio::test]` per contract check for a backend constructor expression
 /// (evaluated inside the async test; it returns the backend and a guard kept alive).
 /// `contract_tests!(make)` runs every check; `contract_tests!(make, single_key_writes)` leaves
@@ -437,7 +491,7 @@ macro_rules! contract_tests {
             fresh_store_is_revision_one, put_tracks_versions_and_prev_kv,
             txn_compares_every_target, txn_kubernetes_shapes, compact_rev_key_version_cas,
             range_pagination_and_options, historical_reads_and_compaction,
-            txn_is_atomic, put_ignore_value_and_lease);
+            txn_is_atomic, put_ignore_value_and_lease, range_stream_parts_are_the_range);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(
