@@ -7,7 +7,7 @@
 set -euo pipefail
 
 # ---- pinned versions and suite selection (change them here only) ----------
-APISERVER_VERSION=v0.35.10
+APISERVER_VERSION=v0.37.2
 # Packages of k8s.io/apiserver whose tests start their server through
 # pkg/storage/etcd3/testserver (directly, or via pkg/storage/etcd3/testing).
 DEFAULT_PACKAGES=(
@@ -164,8 +164,10 @@ fi
 
 # Compile first with the default parallelism (both cores)...
 log "compiling test binaries"
+t0=$SECONDS
 go test -count=1 -run '^$' "${PACKAGES[@]}" >/dev/null ||
     die "the suite does not build (rerun: cd $SRC && GOWORK=$GOWORK go vet ${PACKAGES[*]})"
+log "compiled in $((SECONDS - t0))s"
 
 # ...then run one package at a time: each test starts its own server, and the
 # suite has timing-sensitive watch tests that a busy 2-core machine can break.
@@ -174,10 +176,12 @@ args=(-v -count=1 -p 1 -timeout "$GO_TEST_TIMEOUT")
 [[ -n "$RUN" ]] && args+=(-run "$RUN")
 filter='^[[:space:]]*--- (PASS|FAIL|SKIP)|^(ok|FAIL|panic:)[[:space:]]'
 [[ "$VERBOSE" == 1 ]] && filter='.'
+t0=$SECONDS
 set +e
 go test "${args[@]}" "${PACKAGES[@]}" 2>&1 | tee "$OUT" | grep --line-buffered -aE "$filter"
 status=${PIPESTATUS[0]}
 set -e
+log "tests ran in $((SECONDS - t0))s"
 
 # Top-level tests only: a test with a failed subtest fails itself.
 count() { grep -acE "^--- $1:" "$OUT" || true; }
