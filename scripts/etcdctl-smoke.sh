@@ -422,7 +422,7 @@ test_maintenance() {
         if [[ $label == url ]]; then CTL_EP=$EP; else CTL_EP=$EP_HOSTPORT; fi
         ctl endpoint status -w json
         if check_rc0 "endpoint status (--endpoints=$CTL_EP)"; then
-            check_eq "endpoint status (--endpoints=$CTL_EP): version" 3.6.11 "$(jget 'd[0]["Status"]["version"]' "$OUT")"
+            check_eq "endpoint status (--endpoints=$CTL_EP): version" 3.7.3 "$(jget 'd[0]["Status"]["version"]' "$OUT")"
             check_eq "endpoint status (--endpoints=$CTL_EP): revision matches" "$r" "$(jget 'd[0]["Status"]["header"]["revision"]' "$OUT")"
         fi
         ctl defrag

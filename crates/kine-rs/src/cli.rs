@@ -9,6 +9,16 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     duration::parse(s)
 }
 
+/// An etcd version, `MAJOR.MINOR.PATCH` (3.5 or newer: kube-apiserver needs 3.5.13 at least for
+/// watch progress requests, and kine-rs serves etcd 3.5's API and more).
+fn parse_etcd_version(text: &str) -> Result<String, String> {
+    match kine_server::EtcdVersion::parse(text) {
+        Some(v) if v >= kine_server::EtcdVersion(3, 5, 0) => Ok(text.to_string()),
+        Some(_) => Err(format!("{text} is older than etcd 3.5, whose API kine-rs serves")),
+        None => Err(format!("{text} is not an etcd version such as 3.7.3")),
+    }
+}
+
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     let d = duration::parse(s)?;
     if d.is_zero() {
@@ -59,8 +69,9 @@ pub struct Cli {
     #[arg(long, env = "KINE_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
     pub watch_progress_notify_interval: Duration,
 
-    /// etcd version reported by Maintenance.Status (kube-apiserver enables features by it)
-    #[arg(long, env = "KINE_EMULATED_ETCD_VERSION", default_value = "3.6.11")]
+    /// etcd version reported by Maintenance.Status (kube-apiserver enables features by it); below
+    /// 3.7, RangeStream is not served, as etcd 3.6 does not
+    #[arg(long, env = "KINE_EMULATED_ETCD_VERSION", default_value = "3.7.3", value_parser = parse_etcd_version)]
     pub emulated_etcd_version: String,
 
     /// Automatic compaction period; 0 leaves compaction to clients (kube-apiserver compacts)

@@ -30,6 +30,8 @@ fn bad_flags_fail_at_start_naming_the_problem() {
     fails_with(&["--watch-progress-notify-interval", "0"], "--watch-progress-notify-interval");
     fails_with(&["--compact-interval", "5"], "missing unit");
     fails_with(&["--log-format", "xml"], "--log-format");
+    fails_with(&["--emulated-etcd-version", "3.7"], "3.7 is not an etcd version such as 3.7.3");
+    fails_with(&["--emulated-etcd-version", "3.4.31"], "3.4.31 is older than etcd 3.5");
     fails_with(&["--listen-address", "nowhere"], "--listen-address \"nowhere\"");
     fails_with(&[&l[..], &["--endpoint", "memory://", "--trusted-ca-file", "/x"]].concat(), "--trusted-ca-file needs");
     fails_with(
@@ -189,12 +191,12 @@ async fn etcdctl_authority_forms_are_accepted() {
     let (ok, out, err) = etcdctl(listen.clone(), &["put", "abs", "path"]);
     assert!(ok, "put over an absolute unix socket path: {out}{err}");
     let (ok, out, err) = etcdctl(listen.clone(), &["endpoint", "status"]);
-    assert!(ok && out.contains("3.6.11"), "endpoint status over unix: {out}{err}");
+    assert!(ok && out.contains("3.7.3"), "endpoint status over unix: {out}{err}");
     assert!(server.stop("TERM").await.success());
 
     let (mut server, _d) = sqlite_server(&[]);
     let (ok, out, err) = etcdctl(server.url.clone(), &["endpoint", "status"]);
-    assert!(ok && out.contains("3.6.11"), "endpoint status with an http:// endpoint: {out}{err}");
+    assert!(ok && out.contains("3.7.3"), "endpoint status with an http:// endpoint: {out}{err}");
     let (ok, out, err) = etcdctl(server.url.clone(), &["defrag"]);
     assert!(ok && out.contains("Finished defragmenting"), "defrag with an http:// endpoint: {out}{err}");
     assert!(server.stop("TERM").await.success());

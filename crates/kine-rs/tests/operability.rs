@@ -55,7 +55,7 @@ async fn metrics_move_with_traffic() {
     let (server, _dir) = sqlite_server(&["--metrics-bind-address", &address]);
     let mut c = server.client().await;
     let before = scrape(port).await;
-    assert_eq!(value(&before, "etcd_server_version", &[("server_version", "3.6.11")]), 1.0);
+    assert_eq!(value(&before, "etcd_server_version", &[("server_version", "3.7.3")]), 1.0);
     let build = before.keys().find(|(n, _)| n == "kine_build_info").expect("build info");
     assert!(build.1.iter().any(|(k, v)| k == "commit" && !v.is_empty()), "{build:?}");
 

@@ -130,3 +130,18 @@ async fn cancelled_and_unread_streams_leave_nothing_behind() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emulating_etcd_3_6_serves_no_range_stream() {
+    let (server, _dir) = sqlite_server(&["--emulated-etcd-version", "3.6.16"]);
+    let mut c = server.client().await;
+    c.put("/a", "1", None).await.unwrap();
+    // etcd 3.6's answer (kube-apiserver falls back to paginated lists on it).
+    let e = code(stream(&mut c, "/a", None).await.unwrap_err());
+    assert_eq!(e, (tonic::Code::Unimplemented, "unknown method RangeStream for service etcdserverpb.KV".into()));
+    let status = c.status().await.unwrap();
+    assert_eq!((status.version(), status.storage_version()), ("3.6.16", "3.6.0"));
+    let (server, _dir) = sqlite_server(&[]);
+    let status = server.client().await.status().await.unwrap();
+    assert_eq!((status.version(), status.storage_version()), ("3.7.3", "3.7.0"));
+}

@@ -24,6 +24,18 @@ use tonic::transport::{Server, ServerTlsConfig};
 /// etcd's gRPC allowance on top of `--max-request-bytes`.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
+/// An etcd version (`MAJOR.MINOR.PATCH`), as `--emulated-etcd-version` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EtcdVersion(pub u32, pub u32, pub u32);
+
+impl EtcdVersion {
+    pub fn parse(text: &str) -> Option<EtcdVersion> {
+        let mut parts = text.split('.').map(|p| p.parse::<u32>().ok());
+        let v = EtcdVersion(parts.next()??, parts.next()??, parts.next()??);
+        parts.next().is_none().then_some(v)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     /// Writes larger than this are rejected with "etcdserver: request is too large".
@@ -32,6 +44,23 @@ pub struct ServerConfig {
     pub emulated_version: String,
     /// Reported by Cluster.MemberList.
     pub client_urls: Vec<String>,
+}
+
+impl ServerConfig {
+    fn version(&self) -> EtcdVersion {
+        EtcdVersion::parse(&self.emulated_version).unwrap_or(EtcdVersion(3, 7, 0))
+    }
+
+    /// etcd 3.7's RangeStream is served when emulating 3.7 or newer.
+    pub fn serves_range_stream(&self) -> bool {
+        self.version() >= EtcdVersion(3, 7, 0)
+    }
+
+    /// `storageVersion` of Status: etcd reports its cluster's `MAJOR.MINOR.0`.
+    pub fn storage_version(&self) -> String {
+        let EtcdVersion(major, minor, _) = self.version();
+        format!("{major}.{minor}.0")
+    }
 }
 
 /// The standard gRPC health service (`grpc.health.v1.Health`): SERVING for service "" while

@@ -65,7 +65,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             errors: Vec::new(),
             db_size_in_use: db.db_size_in_use,
             is_learner: learner,
-            storage_version: String::new(),
+            storage_version: self.0.config.storage_version(),
             db_size_quota: 0,
             downgrade_info: None,
         }))

@@ -16,6 +16,11 @@ use tonic::Status;
 pub type Parts = tokio_stream::wrappers::ReceiverStream<Result<pb::RangeStreamResponse, Status>>;
 
 pub async fn serve(ctx: &Context, request: pb::RangeRequest) -> Result<Parts, Status> {
+    if !ctx.config.serves_range_stream() {
+        // What etcd 3.6, which has no RangeStream, answers (gRPC's text for an unknown method).
+        let unknown = "unknown method RangeStream for service etcdserverpb.KV";
+        return Err(status(kine_core::Error::Unsupported(unknown.into())));
+    }
     let req = convert::range_request(request).map_err(status)?;
     let mut parts = ctx.store.range_stream(req, ctx.config.max_request_bytes).map_err(status)?;
     let first = parts.next().await.map_err(status)?;
