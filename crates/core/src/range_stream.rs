@@ -116,8 +116,10 @@ impl Parts {
         });
         let kvs = r.value.kvs;
         self.sent += kvs.len() as i64;
-        // The part's greatest key (a part sorted by another target keeps its keys' window).
-        if let Some(k) = kvs.iter().map(|kv| &kv.key).max() {
+        // After the part's last key, as etcd: a part sorted by another target than the key
+        // (`sort_order` NONE with a non-key target, which etcd accepts) continues after its last
+        // key in that order, skipping keys before it, as etcd 3.7 does.
+        if let Some(k) = kvs.last().map(|kv| &kv.key) {
             self.next = k.clone();
             self.next.push(0);
         }

@@ -1,12 +1,14 @@
-//! Differential test against real etcd 3.6: seeded random request sequences (puts, ranges and
+//! Differential test against real etcd 3.7 and 3.6, kine-rs emulating each
+//! (`--emulated-etcd-version`): seeded random request sequences (puts, ranges and
 //! deletes with every option, nested Txns with every compare, leases, compaction, HashKV,
 //! alarms, watches with start revisions and filters) go to a fresh etcd and a fresh kine-rs, and
 //! every answer must be equal field by field (see `differential/exec.rs` for the few fields that
 //! may differ). On a difference the test prints the seed and a shrunk sequence that still
 //! shows it.
 //!
-//! `KINE_DIFF_SEED=N` runs one seed; `KINE_DIFF_SEEDS` (seeds per backend) and `KINE_DIFF_OPS`
-//! (requests per sequence) change the amount of work.
+//! `KINE_DIFF_SEED=N` runs one seed; `KINE_DIFF_SEEDS` (seeds per backend against etcd 3.7;
+//! a third of them, at least 2, against 3.6) and `KINE_DIFF_OPS` (requests per sequence) change
+//! the amount of work.
 
 mod common;
 #[path = "differential/etcd.rs"]
@@ -19,6 +21,7 @@ mod requests;
 mod revisions;
 
 use common::{Server, TempDir};
+use etcd::Version;
 use exec::{Outcome, Side};
 use requests::{Gen, Known, Op};
 
@@ -35,7 +38,9 @@ struct Kine {
     _db: Option<Box<dyn std::any::Any>>,
 }
 
-fn kine(backend: &str) -> Kine {
+fn kine(backend: &str, version: Version) -> Kine {
+    let start =
+        |endpoint: &str| Server::start(&["--endpoint", endpoint, "--emulated-etcd-version", version.emulated()]);
     let dir = TempDir::new("diff");
     let (endpoint, nats) = match backend {
         "sqlite" => (format!("sqlite://{}", dir.path().join("state.db").display()), None),
@@ -48,26 +53,16 @@ fn kine(backend: &str) -> Kine {
         "postgres" => {
             let pg = kine_testkit::postgres::PgServer::start();
             let url = pg.url("diff");
-            return Kine {
-                server: Server::start(&["--endpoint", &url]),
-                _dir: dir,
-                _nats: None,
-                _db: Some(Box::new(pg)),
-            };
+            return Kine { server: start(&url), _dir: dir, _nats: None, _db: Some(Box::new(pg)) };
         }
         "mysql" => {
             let db = kine_testkit::mysql::MariaDbServer::start();
             let url = db.url("diff");
-            return Kine {
-                server: Server::start(&["--endpoint", &url]),
-                _dir: dir,
-                _nats: None,
-                _db: Some(Box::new(db)),
-            };
+            return Kine { server: start(&url), _dir: dir, _nats: None, _db: Some(Box::new(db)) };
         }
         other => panic!("unknown backend {other}"),
     };
-    Kine { server: Server::start(&["--endpoint", &endpoint]), _dir: dir, _nats: nats, _db: None }
+    Kine { server: start(&endpoint), _dir: dir, _nats: nats, _db: None }
 }
 
 /// A difference: the index of the first request answered differently, both answers, or the
@@ -83,9 +78,14 @@ struct Difference {
 
 /// Sends `ops` to fresh servers; with `gen`, the sequence is generated as it goes (from
 /// etcd's answers) and recorded into `ops`.
-async fn run(backend: &str, ops: &mut Vec<Op>, mut generator: Option<(Gen, usize)>) -> Result<(), Difference> {
-    let etcd = etcd::Etcd::start();
-    let kine = kine(backend);
+async fn run(
+    backend: &str,
+    version: Version,
+    ops: &mut Vec<Op>,
+    mut generator: Option<(Gen, usize)>,
+) -> Result<(), Difference> {
+    let etcd = etcd::Etcd::start(version);
+    let kine = kine(backend, version);
     let mut e = Side::connect(&etcd.url).await;
     let mut k = Side::connect(&kine.server.url).await;
     let mut known = Known { revision: 1, compacted: 0 };
@@ -157,7 +157,7 @@ const SHRINK_BUDGET: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// Removes requests from a failing sequence while it still fails (chunks, then single ones),
 /// within [`SHRINK_BUDGET`].
-async fn shrink(backend: &str, mut ops: Vec<Op>, first: Difference) -> (Vec<Op>, Difference) {
+async fn shrink(backend: &str, version: Version, mut ops: Vec<Op>, first: Difference) -> (Vec<Op>, Difference) {
     let started = std::time::Instant::now();
     let mut diff = first;
     if !diff.watch {
@@ -176,7 +176,7 @@ async fn shrink(backend: &str, mut ops: Vec<Op>, first: Difference) -> (Vec<Op>,
                 start += chunk;
                 continue;
             }
-            match run(backend, &mut candidate, None).await {
+            match run(backend, version, &mut candidate, None).await {
                 Err(d) => {
                     ops = candidate;
                     diff = d;
@@ -202,67 +202,72 @@ fn differing_lines(a: &str, b: &str) -> (String, String) {
     (cut(&a), cut(&b))
 }
 
-async fn differential(backend: &str) {
+async fn differential(backend: &str, version: Version) {
     let seeds: Vec<u64> = match std::env::var("KINE_DIFF_SEED") {
         Ok(s) => vec![s.parse().expect("KINE_DIFF_SEED is a number")],
         Err(_) => {
             let base = env("KINE_DIFF_BASE", 1);
-            (base..base + env("KINE_DIFF_SEEDS", 10)).collect()
+            let n = env("KINE_DIFF_SEEDS", 10);
+            let n = if version == Version::V3_6 { (n / 3).max(2) } else { n };
+            (base..base + n).collect()
         }
     };
     let n = env("KINE_DIFF_OPS", 250) as usize;
     for seed in seeds {
         let mut ops = Vec::new();
-        if let Err(first) = run(backend, &mut ops, Some((Gen::new(seed), n))).await {
+        if let Err(first) = run(backend, version, &mut ops, Some((Gen::new(seed), n))).await {
             let (etcd, kine) = differing_lines(&first.etcd, &first.kine);
             eprintln!(
-                "difference on {backend}, seed {seed}, request {}: {:?}\netcd:\n{etcd}\nkine-rs:\n{kine}\nshrinking…",
-                first.at, ops[first.at]
+                "difference on {backend} against etcd {}, seed {seed}, request {}: {:?}\netcd:\n{etcd}\nkine-rs:\n{kine}\nshrinking…",
+                version.emulated(),
+                first.at,
+                ops[first.at]
             );
             let at = first.at;
-            let (ops, diff) = shrink(backend, ops, first).await;
+            let (ops, diff) = shrink(backend, version, ops, first).await;
             let listing: Vec<String> = ops.iter().enumerate().map(|(i, op)| format!("{i}: {op:?}")).collect();
             let (etcd, kine) = differing_lines(&diff.etcd, &diff.kine);
             panic!(
-                "etcd and kine-rs ({backend}) differ: seed {seed} (KINE_DIFF_SEED={seed}), first at request {at}.\n\
+                "etcd {} and kine-rs ({backend}) differ: seed {seed} (KINE_DIFF_SEED={seed}), first at request {at}.\n\
                  Shortest sequence found ({} requests), differing at request {}:\n{}\n\n\
                  etcd answered (the differing part):\n{etcd}\n\nkine-rs answered:\n{kine}",
+                version.emulated(),
                 ops.len(),
                 diff.at,
                 listing.join("\n"),
             );
         }
-        eprintln!("{backend}: seed {seed}: {n} requests, no difference");
+        eprintln!("{backend} against etcd {}: seed {seed}: {n} requests, no difference", version.emulated());
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_answers_as_etcd_on_sqlite() {
-    differential("sqlite").await;
+/// One test per backend and etcd version.
+macro_rules! differential_tests {
+    ($($name:ident: $backend:literal, $version:expr;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                differential($backend, $version).await;
+            }
+        )*
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_answers_as_etcd_on_memory() {
-    differential("memory").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_answers_as_etcd_on_nats() {
-    differential("nats").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_answers_as_etcd_on_postgres() {
-    differential("postgres").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_answers_as_etcd_on_mysql() {
-    differential("mysql").await;
+differential_tests! {
+    same_answers_as_etcd_3_7_on_sqlite: "sqlite", Version::V3_7;
+    same_answers_as_etcd_3_7_on_memory: "memory", Version::V3_7;
+    same_answers_as_etcd_3_7_on_nats: "nats", Version::V3_7;
+    same_answers_as_etcd_3_7_on_postgres: "postgres", Version::V3_7;
+    same_answers_as_etcd_3_7_on_mysql: "mysql", Version::V3_7;
+    same_answers_as_etcd_3_6_on_sqlite: "sqlite", Version::V3_6;
+    same_answers_as_etcd_3_6_on_memory: "memory", Version::V3_6;
+    same_answers_as_etcd_3_6_on_nats: "nats", Version::V3_6;
+    same_answers_as_etcd_3_6_on_postgres: "postgres", Version::V3_6;
+    same_answers_as_etcd_3_6_on_mysql: "mysql", Version::V3_6;
 }
 
 #[cfg(feature = "embedded-nats")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_answers_as_etcd_on_embedded_nats() {
-    differential("nats-embedded").await;
+differential_tests! {
+    same_answers_as_etcd_3_7_on_embedded_nats: "nats-embedded", Version::V3_7;
+    same_answers_as_etcd_3_6_on_embedded_nats: "nats-embedded", Version::V3_6;
 }

@@ -25,9 +25,15 @@ impl KvService {
 #[tonic::async_trait]
 impl pb::kv_server::Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
-        let req = convert::range_request(request.into_inner()).map_err(status)?;
+        let request = request.into_inner();
+        let keys_only = request.keys_only;
+        let req = convert::range_request(request).map_err(status)?;
         let r = self.0.store.range(req).await.map_err(status)?;
-        Ok(Response::new(self.0.headers.range_response(r.value, r.revision)))
+        let mut response = self.0.headers.range_response(r.value, r.revision);
+        if self.0.config.keys_only_without_lease() {
+            crate::emulation::range(keys_only, &mut response.kvs);
+        }
+        Ok(Response::new(response))
     }
 
     type RangeStreamStream = Pin<Box<dyn Stream<Item = Result<pb::RangeStreamResponse, Status>> + Send>>;
@@ -60,9 +66,15 @@ impl pb::kv_server::Kv for KvService {
     async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
         let req = request.into_inner();
         self.check_size(&req)?;
+        // Only needed to adjust the answer to the version emulated.
+        let original = self.0.config.keys_only_without_lease().then(|| req.clone());
         let req = convert::txn_request(req).map_err(status)?;
         let r = self.0.store.txn(req).await.map_err(status)?;
-        Ok(Response::new(self.0.headers.txn_response(r.value, r.revision)))
+        let mut response = self.0.headers.txn_response(r.value, r.revision);
+        if let Some(original) = original {
+            crate::emulation::txn(&original, &mut response);
+        }
+        Ok(Response::new(response))
     }
 
     async fn compact(

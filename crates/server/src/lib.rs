@@ -5,6 +5,7 @@
 
 mod cluster;
 mod convert;
+mod emulation;
 pub mod error;
 mod grpc_metrics;
 mod kv;
@@ -53,6 +54,11 @@ impl ServerConfig {
 
     /// etcd 3.7's RangeStream is served when emulating 3.7 or newer.
     pub fn serves_range_stream(&self) -> bool {
+        self.version() >= EtcdVersion(3, 7, 0)
+    }
+
+    /// etcd 3.7 answers keys-only ranges with lease 0 (`emulation`).
+    pub fn keys_only_without_lease(&self) -> bool {
         self.version() >= EtcdVersion(3, 7, 0)
     }
 

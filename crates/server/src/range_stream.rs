@@ -21,6 +21,7 @@ pub async fn serve(ctx: &Context, request: pb::RangeRequest) -> Result<Parts, St
         let unknown = "unknown method RangeStream for service etcdserverpb.KV";
         return Err(status(kine_core::Error::Unsupported(unknown.into())));
     }
+    let drop_lease = request.keys_only && ctx.config.keys_only_without_lease();
     let req = convert::range_request(request).map_err(status)?;
     let mut parts = ctx.store.range_stream(req, ctx.config.max_request_bytes).map_err(status)?;
     let first = parts.next().await.map_err(status)?;
@@ -33,8 +34,12 @@ pub async fn serve(ctx: &Context, request: pb::RangeRequest) -> Result<Parts, St
         let _done = scopeguard(move || active.dec());
         let mut next = first;
         while let Some(part) = next.take() {
+            let mut m = message(&headers, part);
+            if let Some(r) = m.range_response.as_mut() {
+                crate::emulation::range(drop_lease, &mut r.kvs);
+            }
             tokio::select! {
-                sent = tx.send(Ok(message(&headers, part))) => if sent.is_err() { return },
+                sent = tx.send(Ok(m)) => if sent.is_err() { return },
                 _ = shutdown.wait() => return,
             }
             next = match parts.next().await {

@@ -1,6 +1,7 @@
-//! A real etcd (3.6) on loopback, for differential tests. The binary comes from `ETCD_BIN`, or
-//! `~/go/bin/etcd-3.6` (`scripts/install-test-deps` builds it from the Go module proxy); a
-//! missing binary is a test failure, never a skip.
+//! A real etcd (3.6 or 3.7) on loopback, for differential tests. The binary comes from
+//! `ETCD_BIN` (3.6) or `ETCD37_BIN` (3.7), or `~/go/bin/etcd-3.6` / `~/go/bin/etcd-3.7`
+//! (`scripts/install-test-deps` builds them from the Go module proxy); a missing binary is a
+//! test failure, never a skip.
 
 use kine_testkit::TempDir;
 use kine_testkit::nats::free_port;
@@ -8,17 +9,38 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub fn etcd_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("ETCD_BIN") {
-        return PathBuf::from(p);
+/// The etcd versions compared against, and the `--emulated-etcd-version` kine-rs runs with for
+/// each (the releases the binaries are built at).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    V3_6,
+    V3_7,
+}
+
+impl Version {
+    pub fn emulated(self) -> &'static str {
+        match self {
+            Version::V3_6 => "3.6.16",
+            Version::V3_7 => "3.7.3",
+        }
     }
-    let home = std::env::var("HOME").unwrap_or_default();
-    let candidate = PathBuf::from(home).join("go/bin/etcd-3.6");
-    assert!(
-        candidate.is_file(),
-        "etcd 3.6 not found: set ETCD_BIN or run scripts/install-test-deps (it builds ~/go/bin/etcd-3.6)"
-    );
-    candidate
+
+    fn bin(self) -> PathBuf {
+        let (var, name) = match self {
+            Version::V3_6 => ("ETCD_BIN", "etcd-3.6"),
+            Version::V3_7 => ("ETCD37_BIN", "etcd-3.7"),
+        };
+        if let Ok(p) = std::env::var(var) {
+            return PathBuf::from(p);
+        }
+        let home = std::env::var("HOME").unwrap_or_default();
+        let candidate = PathBuf::from(home).join("go/bin").join(name);
+        assert!(
+            candidate.is_file(),
+            "{name} not found: set {var} or run scripts/install-test-deps (it builds ~/go/bin/{name})"
+        );
+        candidate
+    }
 }
 
 /// An etcd process with a fresh data directory; killed on drop.
@@ -29,13 +51,13 @@ pub struct Etcd {
 }
 
 impl Etcd {
-    pub fn start() -> Etcd {
+    pub fn start(version: Version) -> Etcd {
         let dir = TempDir::new("etcd");
         let (port, peer) = (free_port(), free_port());
         let client = format!("http://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log");
-        let mut child = Command::new(etcd_bin())
+        let mut child = Command::new(version.bin())
             .args(["--name", "default", "--data-dir"])
             .arg(dir.path().join("data"))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])

@@ -17,6 +17,8 @@ use tonic::transport::Channel;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
     Range(pb::RangeResponse),
+    /// Every part, and the error that ended the stream after them, if one did.
+    RangeStream(Vec<pb::RangeResponse>, Option<(i32, String)>),
     Put(pb::PutResponse),
     Delete(pb::DeleteRangeResponse),
     Txn(pb::TxnResponse),
@@ -47,6 +49,8 @@ impl Outcome {
             Outcome::Leases(r) => &r.header,
             Outcome::HashKv(r) => &r.header,
             Outcome::Alarm(r) => &r.header,
+            // The last part has the header.
+            Outcome::RangeStream(parts, _) => return parts.last()?.header.as_ref().map(|h| h.revision),
             Outcome::Watch(_) | Outcome::Error(..) => return None,
         };
         header.as_ref().map(|h| h.revision)
@@ -119,6 +123,7 @@ impl Side {
                 header(&mut r.header);
                 Outcome::Range(r)
             }),
+            Op::RangeStream(r) => return self.range_stream(r).await,
             Op::Put(r) => self.kv.put(r).await.map(|r| {
                 let mut r = r.into_inner();
                 header(&mut r.header);
@@ -178,6 +183,30 @@ impl Side {
             Op::Watch(create) => return self.watch(create).await,
         };
         out.unwrap_or_else(|s| Outcome::Error(s.code() as i32, s.message().to_string()))
+    }
+
+    async fn range_stream(&mut self, r: pb::RangeRequest) -> Outcome {
+        let mut stream = match self.kv.range_stream(r).await {
+            Ok(s) => s.into_inner(),
+            Err(s) => return Outcome::Error(s.code() as i32, s.message().to_string()),
+        };
+        let mut parts = Vec::new();
+        let end = loop {
+            match stream.message().await {
+                Ok(Some(m)) => {
+                    let mut r = m.range_response.unwrap_or_default();
+                    header(&mut r.header);
+                    parts.push(r);
+                }
+                Ok(None) => break None,
+                Err(s) => break Some((s.code() as i32, s.message().to_string())),
+            }
+        };
+        match (parts.is_empty(), end) {
+            // Refused before any part: however the server sent the refusal, it is the RPC's.
+            (true, Some((code, message))) => Outcome::Error(code, message),
+            (_, end) => Outcome::RangeStream(parts, end),
+        }
     }
 
     /// Opens a watch on a stream of its own; the answer is the response to the create.

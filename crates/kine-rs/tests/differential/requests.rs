@@ -8,6 +8,8 @@ use kine_testkit::Rng;
 #[derive(Clone, Debug)]
 pub enum Op {
     Range(pb::RangeRequest),
+    /// etcd 3.7's RangeStream (etcd 3.6 answers it as an unknown method): every part compared.
+    RangeStream(pb::RangeRequest),
     Put(pb::PutRequest),
     Delete(pb::DeleteRangeRequest),
     Txn(pb::TxnRequest),
@@ -182,7 +184,17 @@ impl Gen {
             self.clear = Some((left - 1, alarm));
         }
         match self.below(100) {
-            0..=19 => Op::Range(self.range(k)),
+            0..=14 => Op::Range(self.range(k)),
+            15..=19 => {
+                let mut r = self.range(k);
+                // etcd 3.7 sorts each part by a non-key target when the order is NONE, with Go's
+                // unstable sort: which of several equal keys ends a part is its sort's choice
+                // (COMPAT.md). Other orders are refused by both.
+                if r.sort_order == 0 {
+                    r.sort_target = 0;
+                }
+                Op::RangeStream(r)
+            }
             20..=39 => Op::Put(self.put()),
             40..=47 => Op::Delete(self.delete()),
             48..=72 => Op::Txn(self.txn(k, 0)),

@@ -57,7 +57,7 @@ impl Renaming {
     pub fn request(&self, op: &mut super::requests::Op) {
         use super::requests::Op;
         match op {
-            Op::Range(r) => self.range(r),
+            Op::Range(r) | Op::RangeStream(r) => self.range(r),
             Op::Txn(t) => self.txn_request(t),
             Op::Compact(c) => c.revision = self.kine(c.revision),
             Op::Watch(w) => w.start_revision = self.kine(w.start_revision),
@@ -147,6 +147,12 @@ impl Renaming {
             Outcome::Range(r) => {
                 self.header(&mut r.header);
                 r.kvs.iter_mut().for_each(|kv| self.kv(kv));
+            }
+            Outcome::RangeStream(parts, _) => {
+                for r in parts {
+                    self.header(&mut r.header);
+                    r.kvs.iter_mut().for_each(|kv| self.kv(kv));
+                }
             }
             Outcome::Put(r) => {
                 self.header(&mut r.header);
