@@ -42,6 +42,12 @@ enum Workload {
     List,
     /// Counts of the preloaded prefix.
     Count,
+    /// The whole preloaded prefix in pages of `--limit` (kube-apiserver without RangeStream);
+    /// an operation is a whole list.
+    ListAll,
+    /// The whole preloaded prefix through one RangeStream (etcd 3.7); an operation is a whole
+    /// list.
+    StreamAll,
     /// `--watchers` watches on a prefix and one writer at `--rate` puts/s; reports event
     /// delivery: ops = events delivered, latency = delivery latency; events not delivered 5 s
     /// after the last put count as errors (flat shape only). With `--write-endpoint`, the
@@ -63,7 +69,16 @@ fn name(v: impl ValueEnum) -> String {
 impl Workload {
     /// Whether the workload reads the preloaded key space.
     fn reads_keys(self) -> bool {
-        matches!(self, Workload::Load | Workload::Get | Workload::Cas | Workload::List | Workload::Count)
+        matches!(
+            self,
+            Workload::Load
+                | Workload::Get
+                | Workload::Cas
+                | Workload::List
+                | Workload::Count
+                | Workload::ListAll
+                | Workload::StreamAll
+        )
     }
 }
 
@@ -210,7 +225,12 @@ async fn main() -> Result<()> {
     for _ in 0..args.clients {
         clients.push(connect(&args.endpoint).await?);
     }
+    // The peak resident memory reported is the run's own.
+    if let Some(pid) = args.server_pid {
+        server::reset_peak(pid);
+    }
     let before = args.server_pid.map(server::usage).transpose()?;
+    let rss_before = args.server_pid.and_then(server::rss_mib);
     let (mut stats, elapsed, extra) = if args.workload == Workload::Watch {
         let writers = writers(&args).await?;
         let o = watch::run(clients, writers, args.watchers, args.rate, args.value_bytes, args.seconds).await?;
@@ -250,12 +270,17 @@ async fn main() -> Result<()> {
         stats.errors,
         stats.conflicts,
     );
+    if matches!(args.workload, Workload::ListAll | Workload::StreamAll) {
+        line.push_str(&format!(" items={}", stats.items));
+    }
     if let (Some(b), Some(a)) = (before, after) {
         let cpu_s = a.cpu_s - b.cpu_s;
         let per_op = if stats.ops() > 0 { cpu_s * 1000.0 / stats.ops() as f64 } else { f64::NAN };
         line.push_str(&format!(
-            " server_cpu_s={cpu_s:.2} server_cpu_ms_per_op={per_op:.3} server_peak_rss_mib={:.1} server_rss_anon_mib={:.1}",
-            a.peak_rss_mib, a.rss_anon_mib
+            " server_cpu_s={cpu_s:.2} server_cpu_ms_per_op={per_op:.3} server_rss_before_mib={:.1} server_peak_rss_mib={:.1} server_rss_anon_mib={:.1}",
+            rss_before.unwrap_or(f64::NAN),
+            a.peak_rss_mib,
+            a.rss_anon_mib
         ));
     }
     println!("{line}");
@@ -292,6 +317,8 @@ async fn run_clients(
             Workload::Cas => tokio::spawn(workload::cas(c, id, p, deadline)),
             Workload::List => tokio::spawn(workload::list(c, id, p, deadline)),
             Workload::Count => tokio::spawn(workload::count(c, id, p, deadline)),
+            Workload::ListAll => tokio::spawn(workload::list_all(c, id, p, deadline)),
+            Workload::StreamAll => tokio::spawn(workload::stream_all(c, id, p, deadline)),
             Workload::Load | Workload::Watch | Workload::Failover => unreachable!("handled by the caller"),
         });
     }

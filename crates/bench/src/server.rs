@@ -37,6 +37,21 @@ pub fn usage(pid: u32) -> Result<Usage> {
     Ok(Usage { cpu_s, peak_rss_mib: mib("VmHWM:"), rss_anon_mib: mib("RssAnon:") })
 }
 
+/// The process's resident set size now (VmRSS), MiB.
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse::<f64>().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Resets the process's peak resident set size (VmHWM) to its current one, so that the next
+/// reading is the peak since now (Linux's `clear_refs`; needs the right to write it).
+pub fn reset_peak(pid: u32) {
+    if let Err(e) = std::fs::write(format!("/proc/{pid}/clear_refs"), "5") {
+        eprintln!("cannot reset the peak RSS of {pid} ({e}): the reported peak covers its whole life");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -144,6 +144,75 @@ pub async fn list(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats
     stats
 }
 
+/// The whole preloaded prefix, page by page (`--limit` keys each, as kube-apiserver lists when
+/// the server has no RangeStream): one operation is the whole list, its latency the time to the
+/// last page.
+pub async fn list_all(mut c: Client, _id: u64, p: Params, deadline: Instant) -> Stats {
+    let mut stats = Stats::default();
+    while Instant::now() < deadline {
+        let started = Instant::now();
+        let (mut from, mut items, mut revision) = (p.shape.prefix().as_bytes().to_vec(), 0, 0);
+        let done = loop {
+            let mut options = GetOptions::new().with_range(p.shape.prefix_end()).with_limit(p.limit);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            match c.get(from.clone(), Some(options)).await {
+                Ok(r) => {
+                    items += r.kvs().len() as u64;
+                    revision = r.header().map_or(0, |h| h.revision());
+                    match (r.more(), r.kvs().last()) {
+                        (true, Some(last)) => {
+                            from = last.key().to_vec();
+                            from.push(0);
+                        }
+                        _ => break true,
+                    }
+                }
+                Err(_) => break false,
+            }
+        };
+        if done {
+            stats.record(started.elapsed());
+            stats.items = items;
+        } else {
+            stats.errors += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    stats
+}
+
+/// The whole preloaded prefix through one RangeStream (etcd 3.7): one operation is the whole
+/// list, its latency the time to the last part.
+pub async fn stream_all(c: Client, _id: u64, p: Params, deadline: Instant) -> Stats {
+    let mut stats = Stats::default();
+    let mut kv = c.kv_client();
+    while Instant::now() < deadline {
+        let started = Instant::now();
+        let options = GetOptions::new().with_range(p.shape.prefix_end());
+        let mut items = 0;
+        let done = match kv.get_stream(p.shape.prefix(), Some(options)).await {
+            Ok(mut s) => loop {
+                match s.message().await {
+                    Ok(Some(part)) => items += part.kvs().len() as u64,
+                    Ok(None) => break true,
+                    Err(_) => break false,
+                }
+            },
+            Err(_) => false,
+        };
+        if done {
+            stats.record(started.elapsed());
+            stats.items = items;
+        } else {
+            stats.errors += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    stats
+}
+
 /// Counts of the preloaded prefix (`count_only`), as kube-apiserver's object-count metric.
 pub async fn count(mut c: Client, _id: u64, p: Params, deadline: Instant) -> Stats {
     let mut stats = Stats::default();
