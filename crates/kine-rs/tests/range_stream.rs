@@ -129,6 +129,16 @@ async fn cancelled_and_unread_streams_leave_nothing_behind() {
         assert!(Instant::now() < deadline, "{active} RangeStream tasks still running");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Every stream started was counted as handled (the cancelled ones as Canceled).
+    let (_, text) = http_get(metrics, "/metrics", None).await;
+    let sum = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(r#"grpc_method="RangeStream""#))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(sum("grpc_server_started_total"), 1020.0);
+    assert_eq!(sum("grpc_server_handled_total"), 1020.0, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,16 +30,32 @@ pub struct GrpcMetrics<S> {
 struct Call {
     labels: [String; 3],
     started: Instant,
+    finished: bool,
 }
 
 impl Call {
-    fn finish(self, code: &str) {
+    fn finish(mut self, code: &str) {
+        self.record(code);
+    }
+
+    fn record(&mut self, code: &str) {
+        self.finished = true;
         let m = metrics();
         let [kind, service, method] = &self.labels;
         m.grpc_handled.with_label_values(&[kind.as_str(), service, method, code]).inc();
         m.grpc_seconds
             .with_label_values(&[kind.as_str(), service, method])
             .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// An RPC dropped before it was answered (the client cancelled while the handler ran, e.g.
+/// during a RangeStream's first part) counts as Canceled too.
+impl Drop for Call {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.record("Canceled");
+        }
     }
 }
 
@@ -102,8 +118,11 @@ where
             req.uri().path().trim_start_matches('/').split_once('/').unwrap_or(("unknown", "unknown"));
         let kind = grpc_type(service, method);
         metrics().grpc_started.with_label_values(&[kind, service, method]).inc();
-        let call =
-            Call { labels: [kind.to_string(), service.to_string(), method.to_string()], started: Instant::now() };
+        let call = Call {
+            labels: [kind.to_string(), service.to_string(), method.to_string()],
+            started: Instant::now(),
+            finished: false,
+        };
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
@@ -120,18 +139,11 @@ where
     }
 }
 
-/// A response body that reports its RPC handled when its trailers pass (or it is dropped).
+/// A response body that reports its RPC handled when its trailers pass (or, through its
+/// `Call`, as Canceled when it is dropped first).
 pub struct Observed<B> {
     body: B,
     call: Option<Call>,
-}
-
-impl<B> Drop for Observed<B> {
-    fn drop(&mut self) {
-        if let Some(call) = self.call.take() {
-            call.finish("Canceled");
-        }
-    }
 }
 
 impl<B: Body + Unpin> Body for Observed<B> {

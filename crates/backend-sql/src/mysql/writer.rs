@@ -34,7 +34,12 @@ fn connected() -> kine_core::metrics::IntGauge {
 }
 
 fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiver<Job>) {
-    let mut conn: Option<mysql::Conn> = None;
+    // Connected before the first write arrives, so that it does not wait for the connection;
+    // a failure here is retried at the first job.
+    let mut conn: Option<mysql::Conn> = connector.connect(Role::Writer).ok();
+    if conn.is_some() {
+        connected().set(1);
+    }
     let mut held: Option<Job> = None;
     loop {
         let job = match held.take() {
