@@ -1,0 +1,15 @@
+// kube-apiserver, as k8s.io/kubernetes/cmd/kube-apiserver builds it (same imports, same main).
+package main
+
+import (
+	"os"
+	_ "time/tzdata" // timeZone support in CronJob
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // JSON log format
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
+	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() { os.Exit(cli.Run(app.NewAPIServerCommand())) }

@@ -1,0 +1,15 @@
+// kube-controller-manager, as k8s.io/kubernetes/cmd/kube-controller-manager builds it.
+package main
+
+import (
+	"os"
+	_ "time/tzdata" // CronJob time zones
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // JSON log format
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
+	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
+	"k8s.io/kubernetes/cmd/kube-controller-manager/app"
+)
+
+func main() { os.Exit(cli.Run(app.NewControllerManagerCommand())) }
