@@ -137,6 +137,8 @@ struct Inner {
     stream_name: String,
     /// The stream drops old messages of a key beyond a per-key limit (`revHistory`).
     history_limited: bool,
+    /// The servers' longest protocol line (limits a key's subject, `message::check_key`).
+    max_control_line: usize,
     slow: Duration,
     /// Set by `close`; shared with the client's event callback.
     closed: Arc<AtomicBool>,
@@ -257,6 +259,7 @@ impl NatsBackend {
             locks: WriteLocks::default(),
             compaction: tokio::sync::Mutex::new(()),
             history_limited: opened.info.config.max_messages_per_subject > 0,
+            max_control_line: cfg.max_control_line,
             slow: cfg.slow_method,
             closed,
             member_id: kine_core::id::random_nonzero(),

@@ -43,7 +43,13 @@ pub struct NatsConfig {
     /// Where the mirrored bucket lives: its JetStream domain (`mirrorDomain`) or API prefix
     /// (`mirrorApi`); neither: this server's own JetStream.
     pub mirror_source: MirrorSource,
+    /// The servers' `max_control_line` (`maxControlLine`; nats-server's default 4096): the
+    /// longest protocol line, which limits a key's subject. The embedded server reports its own.
+    pub max_control_line: usize,
 }
+
+/// nats-server's default `max_control_line`.
+pub const DEFAULT_MAX_CONTROL_LINE: usize = 4096;
 
 /// Where a mirrored bucket is reached.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -74,6 +80,7 @@ impl Default for NatsConfig {
             sync_interval: None,
             mirror: None,
             mirror_source: MirrorSource::Local,
+            max_control_line: DEFAULT_MAX_CONTROL_LINE,
         }
     }
 }
@@ -270,6 +277,7 @@ fn parse_params(
             "contextFile" => cfg.context_file = path()?,
             "credsFile" => cfg.creds_file = path()?,
             "noEmbed" => cfg.no_embed = flag()?,
+            "maxControlLine" => cfg.max_control_line = in_range(endpoint, name, &value, 1024, 1 << 20)? as usize,
             "dontListen" => cfg.dont_listen = flag()?,
             "serverConfig" => cfg.server_config = path()?,
             "stdoutLogging" => cfg.stdout_logging = flag()?,

@@ -25,6 +25,31 @@ pub fn subject(bucket: &str, key: &[u8]) -> String {
     format!("$KV.{bucket}.{}", codec::encode_key(key))
 }
 
+/// Bytes of a protocol line that carries a subject besides the subject itself, at most: the
+/// longest is a JetStream delivery (`HMSG <subject> <sid> $JS.ACK.<domain>.<account>.<stream>.
+/// <consumer>.<five numbers>.<token> <sizes>`), or its forwarding between servers.
+const LINE_OVERHEAD: usize = 512;
+
+/// The longest subject servers with this `max_control_line` carry for bucket `bucket`.
+pub fn max_subject_len(max_control_line: usize, bucket: &str) -> usize {
+    max_control_line.saturating_sub(LINE_OVERHEAD + bucket.len())
+}
+
+/// Refuses a key whose subject no NATS server would carry: publishing it would get kine-rs's
+/// connection closed ("maximum control line exceeded"), failing other clients' requests too.
+pub fn check_key(key: &[u8], subject_len: usize, limit: usize, max_control_line: usize) -> kine_core::Result<()> {
+    if subject_len > limit {
+        return Err(kine_core::Error::InvalidArgument(format!(
+            "etcdserver: key is {} bytes, its NATS subject {subject_len} bytes; the NATS datastore takes subjects of \
+             at most {limit} bytes (the servers' max_control_line, {max_control_line}, less {} for the rest of a \
+             protocol line; maxControlLine=N if the servers allow longer lines)",
+            key.len(),
+            max_control_line - limit
+        )));
+    }
+    Ok(())
+}
+
 pub fn init_subject(bucket: &str) -> String {
     format!("$KV.{bucket}.{INIT_TOKEN}")
 }

@@ -186,6 +186,9 @@ pub async fn start(cfg: NatsConfig, max_request_bytes: usize, stop: &Shutdown) -
     );
     let mut client = cfg;
     client.servers = vec![info.client_url.trim_start_matches("nats://").to_string()];
+    if info.max_control_line > 0 {
+        client.max_control_line = info.max_control_line as usize;
+    }
     if info.uses_given_credentials() {
         client.credentials = match credentials {
             kine_nats_embed::Credentials::UserPassword(u, p) => Credentials::UserPassword(u, p),

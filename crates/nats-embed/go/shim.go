@@ -58,6 +58,7 @@ type serverInfo struct {
 	SyncAlways  bool   `json:"sync_always"`
 	SyncMs      int64  `json:"sync_interval_ms"`
 	MaxPayload  int32  `json:"max_payload"`
+	MaxControl  int32  `json:"max_control_line"`
 }
 
 var (
@@ -288,6 +289,8 @@ func KineNatsInfo() *C.char {
 	info.Remotes = len(o.LeafNode.Remotes)
 	info.SyncAlways, info.SyncMs = o.SyncAlways, o.SyncInterval.Milliseconds()
 	info.MaxPayload = o.MaxPayload
+	// The longest protocol line it takes (its default is filled in when the server starts).
+	info.MaxControl = o.MaxControlLine
 	out, _ := json.Marshal(info)
 	return cstr(string(out))
 }

@@ -84,6 +84,9 @@ pub struct ServerInfo {
     pub sync_interval_ms: i64,
     /// The largest message the server accepts (0: nats-server's default, 1 MiB).
     pub max_payload: i32,
+    /// The longest protocol line it takes (0: unknown).
+    #[serde(default)]
+    pub max_control_line: i32,
 }
 
 impl ServerInfo {

@@ -58,6 +58,15 @@ impl Inner {
         expect: Expect,
         key_last: &[Revision],
     ) -> Result<Option<Revision>> {
+        // Every subject checked before anything is sent: a batch is all or nothing.
+        let subjects: Vec<String> = events.iter().map(|e| message::subject(&self.bucket, &e.kv.key)).collect();
+        // Stored under `$KV.<stored>.` (a promoted copy's transform): the longer name counts.
+        let name = if self.stored.len() > self.bucket.len() { &self.stored } else { &self.bucket };
+        let limit = message::max_subject_len(self.max_control_line, name)
+            .saturating_sub(self.stored.len().saturating_sub(self.bucket.len()));
+        for (event, subject) in events.iter().zip(&subjects) {
+            message::check_key(&event.kv.key, subject.len(), limit, self.max_control_line)?;
+        }
         let batch_id = (events.len() > 1).then(|| format!("kine-{:x}", kine_core::id::random_u64()));
         let mut ack = None;
         for (i, event) in events.iter().enumerate() {
@@ -79,7 +88,7 @@ impl Inner {
                     headers.insert("Nats-Batch-Commit", "1");
                 }
             }
-            let subject = message::subject(&self.bucket, &event.kv.key);
+            let subject = subjects[i].clone();
             let sent = match tokio::time::timeout(NATS_TIMEOUT, self.js.publish_with_headers(subject, headers, payload))
                 .await
             {
