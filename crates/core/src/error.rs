@@ -55,6 +55,10 @@ pub enum Error {
     /// The datastore cannot be reached right now, or the server is stopping.
     #[error("{0}")]
     Unavailable(String),
+    /// The datastore did not answer within the request timeout; the outcome of a write is
+    /// unknown (etcd's "request timed out").
+    #[error("request timed out")]
+    TimedOut,
     /// Anything else that went wrong in a backend.
     #[error(transparent)]
     Backend(#[from] anyhow::Error),

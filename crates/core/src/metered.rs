@@ -2,6 +2,12 @@
 //! backend, operation and error), and, for the SQL datastores, the same under kine's
 //! `kine_sql_*` names; operations slower than the slow threshold (kine's
 //! `--slow-sql-threshold`) are logged once each with what they touched.
+//!
+//! It also bounds them (`--request-timeout`): a datastore that stalls (a stopped process, a
+//! partition that drops packets) must not hold requests forever. An operation that runs out of
+//! time fails with [`Error::TimedOut`] (etcd's "request timed out"; its outcome is unknown, as
+//! in etcd); reads that may legitimately be long (unlimited ranges, a watch catching up) get ten
+//! times as long; compaction, defragmentation and promotion have bounds of their own.
 
 use crate::backend::{Backend, BackendStatus, LeaseUpdate, Promotion, Replication, Revisions, Role};
 use crate::error::{Error, Result};
@@ -15,6 +21,8 @@ use tokio::sync::broadcast;
 
 pub struct Metered {
     inner: Arc<dyn Backend>,
+    /// The bound on one operation (zero: none).
+    timeout: Duration,
     /// Logged at info from this long, at warn from `warn` (zero: never).
     slow: Duration,
     warn: Duration,
@@ -24,7 +32,25 @@ pub struct Metered {
 impl Metered {
     pub fn new(inner: Arc<dyn Backend>, slow: Duration, warn: Duration) -> Metered {
         let sql = matches!(inner.name(), "sqlite" | "postgres" | "mysql");
-        Metered { inner, slow, warn, sql }
+        Metered { inner, slow, warn, sql, timeout: Duration::ZERO }
+    }
+
+    /// Bounds every operation by `timeout` (long reads by ten times as much; zero: no bound).
+    pub fn with_timeout(mut self, timeout: Duration) -> Metered {
+        self.timeout = timeout;
+        self
+    }
+
+    async fn bounded<T>(&self, bound: Bound, f: impl Future<Output = Result<T>>) -> Result<T> {
+        let limit = match bound {
+            Bound::Short => self.timeout,
+            Bound::Long => self.timeout * 10,
+            Bound::None => Duration::ZERO,
+        };
+        if limit.is_zero() {
+            return f.await;
+        }
+        tokio::time::timeout(limit, f).await.unwrap_or(Err(Error::TimedOut))
     }
 
     async fn observe<T>(
@@ -33,8 +59,18 @@ impl Metered {
         what: impl FnOnce() -> String,
         f: impl Future<Output = Result<T>>,
     ) -> Result<T> {
+        self.observe_bounded(Bound::Short, operation, what, f).await
+    }
+
+    async fn observe_bounded<T>(
+        &self,
+        bound: Bound,
+        operation: &'static str,
+        what: impl FnOnce() -> String,
+        f: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         let started = Instant::now();
-        let result = f.await;
+        let result = self.bounded(bound, f).await;
         let elapsed = started.elapsed();
         let code = result.as_ref().err().map_or("", error_code);
         let backend = self.inner.name();
@@ -59,6 +95,14 @@ impl Metered {
     }
 }
 
+/// How long an operation may take: the request timeout, ten times it, or no bound here.
+#[derive(Clone, Copy)]
+enum Bound {
+    Short,
+    Long,
+    None,
+}
+
 /// A short, bounded label for an error (never its text, which may name keys).
 pub fn error_code(e: &Error) -> &'static str {
     match e {
@@ -77,6 +121,7 @@ pub fn error_code(e: &Error) -> &'static str {
         Error::ReadOnly(_) => "read_only",
         Error::NotLearner | Error::MemberNotFound => "not_learner",
         Error::Unavailable(_) => "unavailable",
+        Error::TimedOut => "timed_out",
         Error::Backend(_) => "backend",
     }
 }
@@ -148,7 +193,8 @@ impl Backend for Metered {
     async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
         let what = describe(&req.range);
         let name = if req.count_only { "Count" } else { "Range" };
-        self.observe(name, || what, self.inner.range(req)).await
+        let bound = if req.limit > 0 || req.count_only { Bound::Short } else { Bound::Long };
+        self.observe_bounded(bound, name, || what, self.inner.range(req)).await
     }
 
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
@@ -157,12 +203,13 @@ impl Backend for Metered {
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
-        self.observe("Compact", || format!("revision {revision}"), self.inner.compact(revision)).await
+        let what = || format!("revision {revision}");
+        self.observe_bounded(Bound::None, "Compact", what, self.inner.compact(revision)).await
     }
 
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
         let what = || format!("{} revisions {}..={until}", describe(range), after + 1);
-        self.observe("Events", what, self.inner.events(range, after, until)).await
+        self.observe_bounded(Bound::Long, "Events", what, self.inner.events(range, after, until)).await
     }
 
     fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
@@ -185,7 +232,7 @@ impl Backend for Metered {
     }
 
     async fn defragment(&self) -> Result<()> {
-        self.observe("Defragment", String::new, self.inner.defragment()).await
+        self.observe_bounded(Bound::None, "Defragment", String::new, self.inner.defragment()).await
     }
 
     async fn close(&self) {
@@ -209,6 +256,6 @@ impl Backend for Metered {
     }
 
     async fn promote(&self) -> Result<Promotion> {
-        self.observe("Promote", String::new, self.inner.promote()).await
+        self.observe_bounded(Bound::None, "Promote", String::new, self.inner.promote()).await
     }
 }

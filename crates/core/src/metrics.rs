@@ -61,6 +61,7 @@ pub struct Metrics {
     pub process_resident_bytes: IntGauge,
     pub process_open_fds: IntGauge,
     pub process_start_time: IntGauge,
+    pub runtime_tasks: IntGauge,
 }
 
 /// kine's SQL latency buckets (etcd's backend commit buckets): 1 ms … 8.192 s.
@@ -233,6 +234,10 @@ impl Metrics {
                 "process_start_time_seconds",
                 "Start time of the process since unix epoch in seconds.",
             )?,
+            runtime_tasks: gauge(
+                "kine_runtime_alive_tasks",
+                "Tasks alive in kine-rs's async runtime: flat over time unless work is leaking.",
+            )?,
             registry,
         })
     }
@@ -270,6 +275,9 @@ pub fn refresh_process() {
     }
     if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
         m.process_open_fds.set(dir.count() as i64);
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        m.runtime_tasks.set(runtime.metrics().num_alive_tasks() as i64);
     }
 }
 

@@ -264,8 +264,10 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             timeout: cli.compact_timeout,
         },
     };
-    let backend: Arc<dyn Backend> =
-        Arc::new(kine_core::metered::Metered::new(backend, cli.slow_sql_threshold, cli.slow_sql_warning_threshold));
+    let backend: Arc<dyn Backend> = Arc::new(
+        kine_core::metered::Metered::new(backend, cli.slow_sql_threshold, cli.slow_sql_warning_threshold)
+            .with_timeout(cli.request_timeout),
+    );
     let store = match Store::open(backend.clone(), store_options).await.context("load leases") {
         Ok(store) => store,
         Err(e) => {

@@ -86,6 +86,11 @@ pub struct Cli {
     /// Time limit of one automatic compaction run (it resumes at the next interval)
     #[arg(long, env = "KINE_COMPACT_TIMEOUT", default_value = "5s", value_parser = parse_positive_duration)]
     pub compact_timeout: Duration,
+    /// Longest a datastore operation may take before the request fails with etcd's "request
+    /// timed out" (Unavailable); unlimited ranges and watch catch-up get ten times as long
+    /// (0 = no limit)
+    #[arg(long, env = "KINE_REQUEST_TIMEOUT", default_value = "7s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
 
     /// Largest write request accepted, in bytes (as etcd's --max-request-bytes)
     #[arg(long, env = "KINE_MAX_REQUEST_BYTES", default_value_t = 1_572_864, value_parser = clap::value_parser!(u64).range(1..))]

@@ -29,6 +29,7 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
         Error::Unsupported(what) => (Code::Unimplemented, what.clone()),
         Error::InvalidArgument(what) => (Code::InvalidArgument, what.clone()),
         Error::Unavailable(what) => (Code::Unavailable, what.clone()),
+        Error::TimedOut => etcd(Code::Unavailable, "etcdserver: request timed out"),
         Error::Backend(err) => (Code::Unknown, format!("{err:#}")),
     }
 }

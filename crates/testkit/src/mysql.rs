@@ -264,6 +264,11 @@ impl MariaDbServer {
         format!("mysql://{USER}:{PASSWORD}@tcp(127.0.0.1:{})/{db}", self.port)
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

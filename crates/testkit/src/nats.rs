@@ -165,6 +165,11 @@ impl ClusterNode {
         self.child = Some(child);
     }
 
+    /// The running server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

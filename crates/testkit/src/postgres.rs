@@ -186,6 +186,11 @@ impl PgServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The postmaster's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self, db: &str) -> String {
         format!("postgres://{USER}:{PASSWORD}@127.0.0.1:{}/{db}?sslmode=disable", self.port)
     }

@@ -3,7 +3,7 @@
 //! network fault), `restore` accepts again.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +15,7 @@ pub struct Proxy {
 }
 
 struct Shared {
+    bind: IpAddr,
     target: u16,
     cut: AtomicBool,
     stopped: AtomicBool,
@@ -25,8 +26,15 @@ struct Shared {
 impl Proxy {
     /// Forwards `127.0.0.1:<port>` (a free port) to `127.0.0.1:<target>`.
     pub fn start(target: u16) -> Proxy {
+        Self::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), target)
+    }
+
+    /// Forwards `<bind>:<port>` (a free port) to `127.0.0.1:<target>`: a datastore on loopback
+    /// made reachable from another network namespace through an address of the host's.
+    pub fn start_on(bind: IpAddr, target: u16) -> Proxy {
         let port = crate::nats::free_port();
         let shared = Arc::new(Shared {
+            bind,
             target,
             cut: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
@@ -36,7 +44,7 @@ impl Proxy {
         std::thread::spawn(move || accept_loop(port, s));
         // Ready once it accepts.
         for _ in 0..200 {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if TcpStream::connect((bind, port)).is_ok() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -75,7 +83,7 @@ fn accept_loop(port: u16, shared: Arc<Shared>) {
         }
         let l = match &listener {
             Some(l) => l,
-            None => match TcpListener::bind(("127.0.0.1", port)) {
+            None => match TcpListener::bind((shared.bind, port)) {
                 Ok(l) => {
                     l.set_nonblocking(true).expect("nonblocking listener");
                     listener.insert(l)

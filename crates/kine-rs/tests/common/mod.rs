@@ -33,15 +33,21 @@ impl Server {
 
     pub fn start_in(dir: Option<&Path>, args: &[&str]) -> Server {
         let mut cmd = Command::new(server_bin());
+        if let Some(dir) = dir {
+            cmd.current_dir(dir);
+        }
+        Self::start_command(cmd, args)
+    }
+
+    /// Starts kine-rs through `cmd` (the binary itself, or a wrapper such as `ip netns exec`
+    /// whose last argument is the binary) with `args`.
+    pub fn start_command(mut cmd: Command, args: &[&str]) -> Server {
         if !args.iter().any(|a| a.starts_with("--listen-address")) {
             cmd.args(["--listen-address", "127.0.0.1:0"]);
         }
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).env_remove("RUST_LOG");
         // Many servers run at once: no metrics listener unless a test asks for one.
         cmd.env("KINE_METRICS_BIND_ADDRESS", "0");
-        if let Some(dir) = dir {
-            cmd.current_dir(dir);
-        }
         let mut child = cmd.spawn().expect("spawn kine-rs");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));

@@ -1,0 +1,175 @@
+//! Fault runs (crates/chaos): a Kubernetes-shaped workload on several kine-rs nodes while their
+//! datastore stalls (SIGSTOP) or a node is cut off from it by a network partition (network
+//! namespaces), then every check of the harness: acknowledged writes present, one history on
+//! every node, watches without gaps, lists and reads matching the history, per-key
+//! linearizability. Each run prints a `CHAOS-RESULT` line (docs/reliability.md collects them).
+//!
+//! The partition runs need root (network namespaces); they fail, not skip, without it.
+
+mod common;
+use common::*;
+use kine_chaos::{Fault, Lab, Partition, Report, Schedule, Stall, Workload, run};
+use kine_testkit::mysql::MariaDbServer;
+use kine_testkit::nats::{NatsCluster, free_port};
+use kine_testkit::postgres::PgServer;
+use kine_testkit::proxy::Proxy;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Two faults of 8 s (longer than the clients' 3 s request timeout), 6 s apart.
+fn schedule() -> Schedule {
+    Schedule { warmup: Duration::from_secs(3), hold: Duration::from_secs(8), rest: Duration::from_secs(6), rounds: 2 }
+}
+
+/// The longest a node may take to answer again after a fault ends.
+const RECOVERY: Duration = Duration::from_secs(15);
+
+fn held(report: &Report, logs: impl Fn() -> String) {
+    eprintln!("CHAOS-RESULT {report}");
+    if !report.findings.is_empty() || report.recovery > RECOVERY {
+        eprintln!("{}", logs());
+    }
+    report.assert_held();
+    assert!(report.recovery <= RECOVERY, "{report}\nrecovery took {:?}", report.recovery);
+}
+
+/// Every request got an answer from kine-rs (an error with a code, etcd's "request timed out"
+/// while the datastore stalled), none ran into the client's own deadline.
+fn answered_by_kine_rs(report: &Report) {
+    assert!(!report.errors.contains_key("timeout"), "requests hung past kine-rs's request timeout: {report}");
+    assert!(report.errors.contains_key("Unavailable"), "the stall was not noticed: {report}");
+}
+
+/// (alive async tasks, open file descriptors) of a kine-rs, from its /metrics.
+async fn resources(metrics_port: u16) -> (i64, i64) {
+    let (_, body) = http_get(metrics_port, "/metrics", None).await;
+    let value = |name: &str| {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<f64>().ok()))
+            .unwrap_or_else(|| panic!("{name} not in /metrics"))
+    };
+    (value("kine_runtime_alive_tasks ") as i64, value("process_open_fds ") as i64)
+}
+
+/// Two kine-rs nodes on one database whose processes stall; afterwards no task or connection
+/// has leaked (counted before the run and after it).
+async fn stalled_database(url: &str, what: &str, pid: u32, logs: impl Fn() -> String) {
+    let ports = [free_port(), free_port()];
+    let nodes: Vec<Server> = ports
+        .iter()
+        .map(|p| {
+            let metrics = format!("127.0.0.1:{p}");
+            let args = ["--endpoint", url, "--metrics-bind-address", &metrics, "--datastore-max-idle-connections", "4"];
+            Server::start(&args)
+        })
+        .collect();
+    let mut before = Vec::new();
+    for p in ports {
+        before.push(resources(p).await);
+    }
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let mut fault = Stall::tree(what, pid);
+    // Clients wait longer than kine-rs's request timeout (7 s): kine-rs must answer first.
+    let spec = Workload { timeout: Duration::from_secs(10), ..Workload::default() };
+    let report = run(&endpoints, spec, &mut fault, schedule()).await.expect("the run");
+    held(&report, || format!("{}\n{}", logs(), nodes.iter().map(Server::log).collect::<String>()));
+    answered_by_kine_rs(&report);
+    // The run's clients are gone: the nodes hold what they held before, plus at most the 4 idle
+    // pooled connections (a socket and the synchronous client's own event fds each).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (i, p) in ports.into_iter().enumerate() {
+        let after = resources(p).await;
+        eprintln!("node {i}: tasks {} → {}, open files {} → {}", before[i].0, after.0, before[i].1, after.1);
+        assert!(after.0 <= before[i].0 + 8, "node {i}: tasks leaked: {:?} → {after:?}", before[i]);
+        assert!(after.1 <= before[i].1 + 24, "node {i}: file descriptors leaked: {:?} → {after:?}", before[i]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_stalls_under_two_nodes() {
+    let pg = PgServer::start();
+    stalled_database(&pg.url("chaos"), "PostgreSQL", pg.pid(), || pg.log()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_stalls_under_two_nodes() {
+    let db = MariaDbServer::start();
+    stalled_database(&db.url("chaos"), "MariaDB", db.pid(), || db.log()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_of_three_nats_servers_stalls() {
+    let cluster = NatsCluster::start();
+    let nodes: Vec<Server> = (0..3)
+        .map(|i| {
+            let endpoint = format!("nats://127.0.0.1:{}?noEmbed&bucket=chaos&replicas=3", cluster.nodes[i].port);
+            Server::start(&["--endpoint", &endpoint])
+        })
+        .collect();
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let mut fault = Stall::new("nats-server 0 of 3", vec![cluster.nodes[0].pid().expect("running")]);
+    let spec = Workload { timeout: Duration::from_secs(10), ..Workload::default() };
+    let report = run(&endpoints, spec, &mut fault, schedule()).await.expect("the run");
+    held(&report, || nodes.iter().map(Server::log).collect());
+    assert!(!report.errors.contains_key("timeout"), "requests hung past kine-rs's request timeout: {report}");
+}
+
+/// Three kine-rs nodes with embedded NATS servers, each in a network namespace of its own; one
+/// is cut off from the other two (its kine-rs and its clients still reach it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_embedded_nats_node_is_partitioned_from_the_others() {
+    let lab = Arc::new(Lab::new(3).expect("the network namespaces"));
+    let dir = TempDir::new("chaos-embedded");
+    let routes: Vec<String> = (0..3).map(|i| format!("\"nats-route://{}:6222\"", lab.data_ip(i))).collect();
+    let mut nodes = Vec::new();
+    let mut starting = Vec::new();
+    for i in 0..3 {
+        let conf = dir.path().join(format!("node{i}.conf"));
+        let text = format!(
+            "server_name: kine-{i}\ncluster {{\n  name: chaos\n  listen: {}:6222\n  routes: [{}]\n}}\n",
+            lab.data_ip(i),
+            routes.join(", ")
+        );
+        std::fs::write(&conf, text).unwrap();
+        let endpoint = format!(
+            "nats://127.0.0.1:4222?serverConfig={}&replicas=3&bucket=chaos&dataDir={}",
+            conf.display(),
+            dir.path().join(format!("store{i}")).display()
+        );
+        let listen = format!("{}:2379", lab.client_ip(i));
+        let cmd = lab.command(i, server_bin());
+        // A fresh JetStream cluster forms once every server has met the others: start all at once.
+        starting.push(std::thread::spawn(move || {
+            Server::start_command(cmd, &["--endpoint", &endpoint, "--listen-address", &listen])
+        }));
+    }
+    for s in starting {
+        nodes.push(s.join().expect("kine-rs started"));
+    }
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let mut fault = Partition { lab: lab.clone(), node: 0, what: "embedded NATS node 0 from nodes 1 and 2".into() };
+    let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
+    held(&report, || nodes.iter().map(Server::log).collect());
+    drop(nodes);
+    fault.heal().unwrap();
+}
+
+/// Two kine-rs nodes on one PostgreSQL; node 0 lives in a namespace that reaches the database
+/// through a link that the partition cuts, node 1 keeps its own link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_is_unreachable_from_one_of_two_nodes() {
+    let lab = Arc::new(Lab::new(1).expect("the network namespace"));
+    let pg = PgServer::start();
+    let proxy = Proxy::start_on(lab.host_data_ip().parse().unwrap(), pg.port);
+    let far =
+        pg.url("chaos").replace(&format!("127.0.0.1:{}", pg.port), &format!("{}:{}", lab.host_data_ip(), proxy.port));
+    let listen = format!("{}:2379", lab.client_ip(0));
+    let nodes = [
+        Server::start_command(lab.command(0, server_bin()), &["--endpoint", &far, "--listen-address", &listen]),
+        Server::start(&["--endpoint", &pg.url("chaos")]),
+    ];
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let mut fault = Partition { lab: lab.clone(), node: 0, what: "PostgreSQL from kine-rs node 0 of 2".into() };
+    let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
+    held(&report, || format!("{}\n{}", pg.log(), nodes.iter().map(Server::log).collect::<String>()));
+}

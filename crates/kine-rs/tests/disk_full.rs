@@ -1,0 +1,131 @@
+//! A disk that fills up under kine-rs (a small tmpfs of its own, filled by another file): writes
+//! fail with etcd's NOSPACE alarm and error, reads and watches keep working, nothing
+//! acknowledged is lost, and once space is freed and the alarm disarmed (`etcdctl alarm
+//! disarm`) writes work again; a restart afterwards finds every acknowledged write.
+//!
+//! Needs root (a tmpfs mount); fails, not skips, without it.
+
+mod common;
+use common::*;
+use etcd_client::{Client, GetOptions, WatchOptions};
+use kine_chaos::SmallDisk;
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+const SPACE_EXCEEDED: &str = "etcdserver: mvcc: database space exceeded";
+
+/// Puts until the datastore refuses for lack of space; returns the acknowledged writes.
+async fn fill_up(client: &mut Client, acked: &mut BTreeMap<String, (i64, Vec<u8>)>) {
+    for i in 0..100_000 {
+        let key = format!("/disk/k{:05}", i % 3000);
+        let value = format!("{i:08}-{}", "x".repeat(900)).into_bytes();
+        match client.put(key.as_str(), value.clone(), None).await {
+            Ok(r) => {
+                acked.insert(key, (r.header().unwrap().revision(), value));
+            }
+            Err(etcd_client::Error::GRpcStatus(s)) => {
+                assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+                assert_eq!(s.message(), SPACE_EXCEEDED);
+                return;
+            }
+            Err(e) => panic!("put {i}: {e}"),
+        }
+    }
+    panic!("100,000 puts fitted on a full disk");
+}
+
+async fn put_refused(client: &mut Client) {
+    let err = client.put("/disk/refused", "v", None).await.expect_err("a put while NOSPACE is raised");
+    match err {
+        etcd_client::Error::GRpcStatus(s) => {
+            assert_eq!((s.code(), s.message()), (tonic::Code::ResourceExhausted, SPACE_EXCEEDED))
+        }
+        e => panic!("{e}"),
+    }
+}
+
+async fn assert_all_present(client: &mut Client, acked: &BTreeMap<String, (i64, Vec<u8>)>) {
+    let all = client.get("/disk/", Some(GetOptions::new().with_prefix())).await.unwrap();
+    let found: BTreeMap<String, (i64, Vec<u8>)> = all
+        .kvs()
+        .iter()
+        .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), (kv.mod_revision(), kv.value().to_vec())))
+        .collect();
+    assert_eq!(found.len(), acked.len());
+    for (k, v) in acked {
+        assert_eq!(found.get(k), Some(v), "{k}: acknowledged write missing or changed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
+    let parent = TempDir::new("disk-full");
+    let disk = SmallDisk::mount(parent.path(), 24).expect("a small file system");
+    let endpoint = format!("sqlite://{}", disk.path.join("state.db").display());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    let mut client = server.client().await;
+    let mut acked = BTreeMap::new();
+
+    // A watcher from the start, that must see every acknowledged write, before and after.
+    let mut watch = client.watch("/disk/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    let first = watch.message().await.unwrap().unwrap();
+    assert!(first.created());
+
+    // Room for a few writes, then a full disk.
+    for i in 0..50 {
+        let r = client.put(format!("/disk/early{i}"), "v", None).await.unwrap();
+        acked.insert(format!("/disk/early{i}"), (r.header().unwrap().revision(), b"v".to_vec()));
+    }
+    let filler = disk.fill().expect("fill the disk");
+    fill_up(&mut client, &mut acked).await;
+    eprintln!("{} writes acknowledged before the disk was full; {} bytes free", acked.len(), disk.free_bytes());
+
+    // NOSPACE is raised, and every further write is refused at once; reads still answer.
+    let alarms = client.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.unwrap();
+    let raised: Vec<_> = alarms.alarms().iter().map(|a| a.alarm()).collect();
+    assert!(raised.contains(&etcd_client::AlarmType::Nospace), "{raised:?}");
+    put_refused(&mut client).await;
+    assert_all_present(&mut client, &acked).await;
+    let mut replay =
+        client.watch("/disk/", Some(WatchOptions::new().with_prefix().with_start_revision(1))).await.unwrap();
+
+    // Space comes back; the alarm stays until disarmed, as in etcd.
+    std::fs::remove_file(filler).unwrap();
+    put_refused(&mut client).await;
+    let out = Command::new("etcdctl")
+        .args(["--endpoints", &server.url, "alarm", "disarm"])
+        .output()
+        .expect("etcdctl (install-test-deps installs it)");
+    assert!(out.status.success(), "etcdctl alarm disarm: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("alarm:NOSPACE"), "{}", String::from_utf8_lossy(&out.stdout));
+    let r = client.put("/disk/after", "v", None).await.expect("a put after disarm");
+    acked.insert("/disk/after".into(), (r.header().unwrap().revision(), b"v".to_vec()));
+    assert_all_present(&mut client, &acked).await;
+
+    // Both watches delivered every acknowledged revision, in order.
+    let newest = r.header().unwrap().revision();
+    for (name, w) in [("live", &mut watch), ("replay", &mut replay)] {
+        let mut seen = BTreeMap::new();
+        let mut last = 0;
+        while last < newest {
+            let m = tokio::time::timeout(Duration::from_secs(10), w.message()).await.expect(name).unwrap().unwrap();
+            for e in m.events() {
+                let kv = e.kv().unwrap();
+                assert!(kv.mod_revision() > last, "{name}: out of order");
+                last = kv.mod_revision();
+                seen.insert(String::from_utf8_lossy(kv.key()).into_owned(), (last, kv.value().to_vec()));
+            }
+        }
+        assert_eq!(seen, acked, "{name} watch");
+    }
+
+    // A restart on the same file after the episode: nothing lost, nothing half-written.
+    drop(client);
+    drop(server);
+    let server = Server::start(&["--endpoint", &endpoint]);
+    let mut client = server.client().await;
+    assert_all_present(&mut client, &acked).await;
+    drop(server);
+    drop(disk);
+}
