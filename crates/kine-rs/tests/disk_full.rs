@@ -3,6 +3,9 @@
 //! acknowledged is lost, and once space is freed and the alarm disarmed (`etcdctl alarm
 //! disarm`) writes work again; a restart afterwards finds every acknowledged write.
 //!
+//! The embedded NATS server on a small disk reaches JetStream's storage limit (75% of the disk)
+//! first: the same NOSPACE, and compaction — which must work on a full store — makes room.
+//!
 //! Needs root (a tmpfs mount); fails, not skips, without it.
 
 mod common;
@@ -15,11 +18,12 @@ use std::time::Duration;
 
 const SPACE_EXCEEDED: &str = "etcdserver: mvcc: database space exceeded";
 
-/// Puts until the datastore refuses for lack of space; returns the acknowledged writes.
-async fn fill_up(client: &mut Client, acked: &mut BTreeMap<String, (i64, Vec<u8>)>) {
+/// Puts values of `size` bytes on `keys` keys until the datastore refuses for lack of space,
+/// recording the acknowledged writes.
+async fn fill_up(client: &mut Client, acked: &mut BTreeMap<String, (i64, Vec<u8>)>, size: usize, keys: usize) {
     for i in 0..100_000 {
-        let key = format!("/disk/k{:05}", i % 3000);
-        let value = format!("{i:08}-{}", "x".repeat(900)).into_bytes();
+        let key = format!("/disk/k{:05}", i % keys);
+        let value = format!("{i:08}-{}", "x".repeat(size)).into_bytes();
         match client.put(key.as_str(), value.clone(), None).await {
             Ok(r) => {
                 acked.insert(key, (r.header().unwrap().revision(), value));
@@ -58,6 +62,42 @@ async fn assert_all_present(client: &mut Client, acked: &BTreeMap<String, (i64, 
     }
 }
 
+/// The watch delivered every acknowledged write up to `newest`, in revision order.
+async fn delivered_everything(
+    w: &mut etcd_client::WatchStream,
+    name: &str,
+    newest: i64,
+    acked: &BTreeMap<String, (i64, Vec<u8>)>,
+) {
+    let mut seen = BTreeMap::new();
+    let mut last = 0;
+    while last < newest {
+        let m = tokio::time::timeout(Duration::from_secs(10), w.message()).await.expect(name).unwrap().unwrap();
+        for e in m.events() {
+            let kv = e.kv().unwrap();
+            assert!(kv.mod_revision() > last, "{name}: out of order");
+            last = kv.mod_revision();
+            seen.insert(String::from_utf8_lossy(kv.key()).into_owned(), (last, kv.value().to_vec()));
+        }
+    }
+    assert_eq!(&seen, acked, "{name} watch");
+}
+
+fn disarm(url: &str) {
+    let out = Command::new("etcdctl")
+        .args(["--endpoints", url, "alarm", "disarm"])
+        .output()
+        .expect("etcdctl (install-test-deps installs it)");
+    assert!(out.status.success(), "etcdctl alarm disarm: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("alarm:NOSPACE"), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+async fn nospace_raised(client: &mut Client) {
+    let alarms = client.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.unwrap();
+    let raised: Vec<_> = alarms.alarms().iter().map(|a| a.alarm()).collect();
+    assert!(raised.contains(&etcd_client::AlarmType::Nospace), "{raised:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
     let parent = TempDir::new("disk-full");
@@ -78,13 +118,11 @@ async fn sqlite_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
         acked.insert(format!("/disk/early{i}"), (r.header().unwrap().revision(), b"v".to_vec()));
     }
     let filler = disk.fill().expect("fill the disk");
-    fill_up(&mut client, &mut acked).await;
+    fill_up(&mut client, &mut acked, 900, 3000).await;
     eprintln!("{} writes acknowledged before the disk was full; {} bytes free", acked.len(), disk.free_bytes());
 
     // NOSPACE is raised, and every further write is refused at once; reads still answer.
-    let alarms = client.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.unwrap();
-    let raised: Vec<_> = alarms.alarms().iter().map(|a| a.alarm()).collect();
-    assert!(raised.contains(&etcd_client::AlarmType::Nospace), "{raised:?}");
+    nospace_raised(&mut client).await;
     put_refused(&mut client).await;
     assert_all_present(&mut client, &acked).await;
     let mut replay =
@@ -93,34 +131,59 @@ async fn sqlite_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
     // Space comes back; the alarm stays until disarmed, as in etcd.
     std::fs::remove_file(filler).unwrap();
     put_refused(&mut client).await;
-    let out = Command::new("etcdctl")
-        .args(["--endpoints", &server.url, "alarm", "disarm"])
-        .output()
-        .expect("etcdctl (install-test-deps installs it)");
-    assert!(out.status.success(), "etcdctl alarm disarm: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("alarm:NOSPACE"), "{}", String::from_utf8_lossy(&out.stdout));
+    disarm(&server.url);
     let r = client.put("/disk/after", "v", None).await.expect("a put after disarm");
     acked.insert("/disk/after".into(), (r.header().unwrap().revision(), b"v".to_vec()));
     assert_all_present(&mut client, &acked).await;
 
     // Both watches delivered every acknowledged revision, in order.
     let newest = r.header().unwrap().revision();
-    for (name, w) in [("live", &mut watch), ("replay", &mut replay)] {
-        let mut seen = BTreeMap::new();
-        let mut last = 0;
-        while last < newest {
-            let m = tokio::time::timeout(Duration::from_secs(10), w.message()).await.expect(name).unwrap().unwrap();
-            for e in m.events() {
-                let kv = e.kv().unwrap();
-                assert!(kv.mod_revision() > last, "{name}: out of order");
-                last = kv.mod_revision();
-                seen.insert(String::from_utf8_lossy(kv.key()).into_owned(), (last, kv.value().to_vec()));
-            }
-        }
-        assert_eq!(seen, acked, "{name} watch");
-    }
+    delivered_everything(&mut watch, "live", newest, &acked).await;
+    delivered_everything(&mut replay, "replay", newest, &acked).await;
 
     // A restart on the same file after the episode: nothing lost, nothing half-written.
+    drop(client);
+    drop(server);
+    let server = Server::start(&["--endpoint", &endpoint]);
+    let mut client = server.client().await;
+    assert_all_present(&mut client, &acked).await;
+    drop(server);
+    drop(disk);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_nats_store_full_raises_nospace_and_compaction_makes_room() {
+    let parent = TempDir::new("nats-full");
+    let disk = SmallDisk::mount(parent.path(), 32).expect("a small file system");
+    let endpoint = format!("nats://?dataDir={}", disk.path.join("js").display());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    let mut client = server.client().await;
+    let mut acked = BTreeMap::new();
+    let mut watch = client.watch("/disk/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+    assert!(watch.message().await.unwrap().unwrap().created());
+
+    // 32 KiB values on 100 keys: JetStream's limit (75% of the 32 MiB disk) comes first.
+    fill_up(&mut client, &mut acked, 32 * 1024, 100).await;
+    eprintln!("{} keys, {} bytes free on the disk", acked.len(), disk.free_bytes());
+    nospace_raised(&mut client).await;
+    put_refused(&mut client).await;
+    assert_all_present(&mut client, &acked).await;
+    let mut replay =
+        client.watch("/disk/", Some(WatchOptions::new().with_prefix().with_start_revision(1))).await.unwrap();
+    let newest_before = acked.values().map(|v| v.0).max().unwrap();
+    delivered_everything(&mut replay, "replay before compaction", newest_before, &acked).await;
+
+    // etcd's way out: compact (on a full store), disarm, write again.
+    let status = client.status().await.unwrap();
+    let current = status.header().unwrap().revision();
+    client.compact(current, None).await.expect("compaction on a full store");
+    put_refused(&mut client).await;
+    disarm(&server.url);
+    let r = client.put("/disk/after", "v", None).await.expect("a put after compaction and disarm");
+    acked.insert("/disk/after".into(), (r.header().unwrap().revision(), b"v".to_vec()));
+    assert_all_present(&mut client, &acked).await;
+    delivered_everything(&mut watch, "live", r.header().unwrap().revision(), &acked).await;
+
     drop(client);
     drop(server);
     let server = Server::start(&["--endpoint", &endpoint]);

@@ -30,9 +30,20 @@ impl Inner {
             kine_core::txn::check_compact(revision, current, compacted)?;
             (current, compacted, t.changed_keys_between(compacted, revision))
         };
-        timed("record the compact revision", self.meta.put(meta::COMPACT_REVISION, revision.to_string().into()))
-            .await?;
-        self.purge_superseded(plan, revision).await?;
+        let record = || self.meta.put(meta::COMPACT_REVISION, revision.to_string().into());
+        match timed("record the compact revision", record()).await {
+            Ok(_) => self.purge_superseded(plan, revision).await?,
+            // JetStream at its storage limit refuses every publish, this small one too; the
+            // purges need no room and make some. Compaction is how a user gets out of NOSPACE,
+            // so it must work then: purge first, record after. (A crash between the two, while
+            // the store is full, leaves the compact revision at its previous value.)
+            Err(Error::Unavailable(text)) if super::write::stream_full(&text) => {
+                tracing::warn!(revision, "the NATS store is full: purging before the compact revision is recorded");
+                self.purge_superseded(plan, revision).await?;
+                timed("record the compact revision", record()).await?;
+            }
+            Err(e) => return Err(e),
+        }
         self.compact_table(revision)?;
         tracing::debug!(revision, previous, "compacted");
         Ok(current)

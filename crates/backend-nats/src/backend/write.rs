@@ -130,10 +130,17 @@ impl Inner {
 
 /// Does a refused publish say the stream (its max_bytes/max_msgs with discard=new) or the
 /// server's JetStream storage is full?
-fn stream_full(text: &str) -> bool {
-    ["maximum bytes exceeded", "maximum messages exceeded", "insufficient resources", "insufficient storage"]
-        .iter()
-        .any(|s| text.contains(s))
+pub(super) fn stream_full(text: &str) -> bool {
+    [
+        "maximum bytes exceeded",
+        "maximum messages exceeded",
+        "insufficient resources",
+        "insufficient storage",
+        // The disk itself full before JetStream's limit: the server's store write failed.
+        "no space left on device",
+    ]
+    .iter()
+    .any(|s| text.contains(s))
 }
 
 /// Can this write be made conditional on its own keys alone? Only if everything it read is a
