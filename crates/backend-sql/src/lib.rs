@@ -15,6 +15,7 @@ mod sqlite;
 mod view;
 mod writer;
 
+pub use mysql::dsn::{parse as parse_mysql_dsn, redact as redact_mysql_dsn};
 pub use mysql::{MysqlBackend, MysqlOptions};
 pub use pg::{PoolOptions, PostgresBackend, PostgresOptions, TlsFiles};
 pub use restore::restore_sqlite;

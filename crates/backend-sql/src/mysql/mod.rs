@@ -6,7 +6,7 @@
 //! `POLL` and is woken at once by this node's own commits and by `revisions()`; lease changes
 //! are counted in `meta.lease_epoch`, which the feed polls with the revision.
 
-mod dsn;
+pub(crate) mod dsn;
 mod feed;
 mod pool;
 mod schema;

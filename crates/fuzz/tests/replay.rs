@@ -1,0 +1,58 @@
+//! Every committed fuzz input — the seeds, and each input that once made a target fail
+//! (`crates/fuzz/regressions/<target>/`) — through its target: none may panic or hang. This is
+//! how a fuzzer's finding stays fixed in the ordinary test suite.
+
+use std::path::Path;
+
+fn inputs(target: &str) -> Vec<(String, Vec<u8>)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for kind in ["seeds", "regressions"] {
+        let Ok(dir) = std::fs::read_dir(root.join(kind).join(target)) else { continue };
+        for entry in dir.flatten() {
+            let bytes = std::fs::read(entry.path()).expect("read an input");
+            found.push((format!("{kind}/{target}/{}", entry.file_name().to_string_lossy()), bytes));
+        }
+    }
+    found.sort();
+    found
+}
+
+fn replay(target: &str, f: fn(&[u8])) {
+    let all = inputs(target);
+    assert!(
+        !all.is_empty(),
+        "no seeds for {target}: run `cargo run -p kine-fuzz --bin fuzz-seeds -- crates/fuzz/seeds`"
+    );
+    for (name, bytes) in all {
+        eprintln!("{name}");
+        f(&bytes);
+    }
+}
+
+#[test]
+fn grpc_inputs() {
+    replay("grpc", kine_fuzz::grpc);
+}
+
+#[test]
+fn endpoint_inputs() {
+    replay("endpoints", kine_fuzz::endpoints);
+}
+
+#[test]
+fn nats_message_inputs() {
+    replay("nats_message", kine_fuzz::nats_message);
+}
+
+#[test]
+fn snapshot_inputs() {
+    replay("snapshot", kine_fuzz::snapshot);
+    // The seeds are real snapshots, so that the fuzzer starts deep inside the parser.
+    for (name, bytes) in inputs("snapshot").into_iter().filter(|(n, _)| n.starts_with("seeds/")) {
+        use sha2::Digest;
+        let mut file = bytes[1..].to_vec();
+        file.extend_from_slice(&sha2::Sha256::digest(&bytes[1..]));
+        kine_core::snapshot::decode(&file).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
