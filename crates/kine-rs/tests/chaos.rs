@@ -173,3 +173,80 @@ async fn postgres_is_unreachable_from_one_of_two_nodes() {
     let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
     held(&report, || format!("{}\n{}", pg.log(), nodes.iter().map(Server::log).collect::<String>()));
 }
+
+/// A process in a namespace, killed on drop.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Three external nats-servers, each in a namespace with its kine-rs; one server is cut off
+/// from the other two (its kine-rs still reaches it over loopback, its clients reach the node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_external_nats_server_is_partitioned_from_the_others() {
+    let lab = Arc::new(Lab::new(3).expect("the network namespaces"));
+    let dir = TempDir::new("chaos-external");
+    let routes: Vec<String> = (0..3).map(|i| format!("nats-route://{}:6222", lab.data_ip(i))).collect();
+    let mut servers = Vec::new();
+    for i in 0..3 {
+        let store = dir.path().join(format!("store{i}"));
+        let log = std::fs::File::create(dir.path().join(format!("nats{i}.log"))).unwrap();
+        let child = lab
+            .command(i, kine_testkit::nats::nats_server_bin())
+            .args(["-a", "0.0.0.0", "-p", "4222", "-js", "-n", &format!("n{i}"), "--cluster_name", "chaos"])
+            .args(["--cluster", &format!("nats://{}:6222", lab.data_ip(i)), "--routes", &routes.join(",")])
+            .arg("-sd")
+            .arg(&store)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("nats-server in its namespace");
+        servers.push(Child(child));
+    }
+    let mut starting = Vec::new();
+    for i in 0..3 {
+        let cmd = lab.command(i, server_bin());
+        let listen = format!("{}:2379", lab.client_ip(i));
+        starting.push(std::thread::spawn(move || {
+            let endpoint = "nats://127.0.0.1:4222?noEmbed&bucket=chaos&replicas=3";
+            Server::start_command(cmd, &["--endpoint", endpoint, "--listen-address", &listen])
+        }));
+    }
+    let nodes: Vec<Server> = starting.into_iter().map(|s| s.join().expect("kine-rs started")).collect();
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let mut fault = Partition { lab: lab.clone(), node: 0, what: "external nats-server 0 from servers 1 and 2".into() };
+    let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
+    held(&report, || {
+        let mut logs: String = nodes.iter().map(Server::log).collect();
+        for i in 0..3 {
+            logs.push_str(&std::fs::read_to_string(dir.path().join(format!("nats{i}.log"))).unwrap_or_default());
+        }
+        logs
+    });
+    drop(nodes);
+    drop(servers);
+}
+
+/// Two kine-rs nodes on one MariaDB; node 0 reaches it through a link the partition cuts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_is_unreachable_from_one_of_two_nodes() {
+    let lab = Arc::new(Lab::new(1).expect("the network namespace"));
+    let db = MariaDbServer::start();
+    let proxy = Proxy::start_on(lab.host_data_ip().parse().unwrap(), db.port());
+    let near = db.url("chaos");
+    let far = near.replace(&format!("127.0.0.1:{}", db.port()), &format!("{}:{}", lab.host_data_ip(), proxy.port));
+    assert_ne!(far, near, "the MariaDB URL names 127.0.0.1:{}: {near}", db.port());
+    let listen = format!("{}:2379", lab.client_ip(0));
+    let nodes = [
+        Server::start_command(lab.command(0, server_bin()), &["--endpoint", &far, "--listen-address", &listen]),
+        Server::start(&["--endpoint", &near]),
+    ];
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let mut fault = Partition { lab: lab.clone(), node: 0, what: "MariaDB from kine-rs node 0 of 2".into() };
+    let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
+    held(&report, || format!("{}\n{}", db.log(), nodes.iter().map(Server::log).collect::<String>()));
+}
