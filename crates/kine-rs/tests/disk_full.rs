@@ -13,6 +13,7 @@ use common::*;
 use etcd_client::{Client, GetOptions, WatchOptions};
 use kine_chaos::SmallDisk;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -98,19 +99,45 @@ async fn nospace_raised(client: &mut Client) {
     assert!(raised.contains(&etcd_client::AlarmType::Nospace), "{raised:?}");
 }
 
+/// kine-rs on a datastore on a small disk of its own, a client, and a watch of `/disk/` from
+/// the start (it must see every acknowledged write, before and after the disk fills).
+struct OnSmallDisk {
+    disk: SmallDisk,
+    endpoint: String,
+    server: Server,
+    client: Client,
+    watch: etcd_client::WatchStream,
+    _parent: TempDir,
+}
+
+impl OnSmallDisk {
+    async fn start(name: &str, size_mib: u64, endpoint: impl Fn(&Path) -> String) -> OnSmallDisk {
+        let parent = TempDir::new(name);
+        let disk = SmallDisk::mount(parent.path(), size_mib).expect("a small file system");
+        let endpoint = endpoint(&disk.path);
+        let server = Server::start(&["--endpoint", &endpoint]);
+        let mut client = server.client().await;
+        let mut watch = client.watch("/disk/", Some(WatchOptions::new().with_prefix())).await.unwrap();
+        assert!(watch.message().await.unwrap().unwrap().created());
+        OnSmallDisk { disk, endpoint, server, client, watch, _parent: parent }
+    }
+
+    /// A restart on the same store after the episode: nothing lost, nothing half-written.
+    async fn restart_and_check(self, acked: &BTreeMap<String, (i64, Vec<u8>)>) {
+        let OnSmallDisk { disk, endpoint, server, client, watch, _parent } = self;
+        drop((watch, client, server));
+        let server = Server::start(&["--endpoint", &endpoint]);
+        assert_all_present(&mut server.client().await, acked).await;
+        drop(server);
+        drop(disk);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
-    let parent = TempDir::new("disk-full");
-    let disk = SmallDisk::mount(parent.path(), 24).expect("a small file system");
-    let endpoint = format!("sqlite://{}", disk.path.join("state.db").display());
-    let server = Server::start(&["--endpoint", &endpoint]);
-    let mut client = server.client().await;
+    let mut run = OnSmallDisk::start("disk-full", 24, |d| format!("sqlite://{}", d.join("state.db").display())).await;
+    let (disk, client) = (&run.disk, &mut run.client);
     let mut acked = BTreeMap::new();
-
-    // A watcher from the start, that must see every acknowledged write, before and after.
-    let mut watch = client.watch("/disk/", Some(WatchOptions::new().with_prefix())).await.unwrap();
-    let first = watch.message().await.unwrap().unwrap();
-    assert!(first.created());
 
     // Room for a few writes, then a full disk.
     for i in 0..50 {
@@ -118,56 +145,44 @@ async fn sqlite_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
         acked.insert(format!("/disk/early{i}"), (r.header().unwrap().revision(), b"v".to_vec()));
     }
     let filler = disk.fill().expect("fill the disk");
-    fill_up(&mut client, &mut acked, 900, 3000).await;
+    fill_up(client, &mut acked, 900, 3000).await;
     eprintln!("{} writes acknowledged before the disk was full; {} bytes free", acked.len(), disk.free_bytes());
 
     // NOSPACE is raised, and every further write is refused at once; reads still answer.
-    nospace_raised(&mut client).await;
-    put_refused(&mut client).await;
-    assert_all_present(&mut client, &acked).await;
+    nospace_raised(client).await;
+    put_refused(client).await;
+    assert_all_present(client, &acked).await;
     let mut replay =
         client.watch("/disk/", Some(WatchOptions::new().with_prefix().with_start_revision(1))).await.unwrap();
 
     // Space comes back; the alarm stays until disarmed, as in etcd.
     std::fs::remove_file(filler).unwrap();
-    put_refused(&mut client).await;
-    disarm(&server.url);
+    put_refused(client).await;
+    disarm(&run.server.url);
     let r = client.put("/disk/after", "v", None).await.expect("a put after disarm");
     acked.insert("/disk/after".into(), (r.header().unwrap().revision(), b"v".to_vec()));
-    assert_all_present(&mut client, &acked).await;
+    assert_all_present(client, &acked).await;
 
     // Both watches delivered every acknowledged revision, in order.
     let newest = r.header().unwrap().revision();
-    delivered_everything(&mut watch, "live", newest, &acked).await;
+    delivered_everything(&mut run.watch, "live", newest, &acked).await;
     delivered_everything(&mut replay, "replay", newest, &acked).await;
 
-    // A restart on the same file after the episode: nothing lost, nothing half-written.
-    drop(client);
-    drop(server);
-    let server = Server::start(&["--endpoint", &endpoint]);
-    let mut client = server.client().await;
-    assert_all_present(&mut client, &acked).await;
-    drop(server);
-    drop(disk);
+    run.restart_and_check(&acked).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_nats_store_full_raises_nospace_and_compaction_makes_room() {
-    let parent = TempDir::new("nats-full");
-    let disk = SmallDisk::mount(parent.path(), 32).expect("a small file system");
-    let endpoint = format!("nats://?dataDir={}", disk.path.join("js").display());
-    let server = Server::start(&["--endpoint", &endpoint]);
-    let mut client = server.client().await;
+    let mut run = OnSmallDisk::start("nats-full", 32, |d| format!("nats://?dataDir={}", d.join("js").display())).await;
+    let (disk, client) = (&run.disk, &mut run.client);
     let mut acked = BTreeMap::new();
-    let mut watch = client.watch("/disk/", Some(WatchOptions::new().with_prefix())).await.unwrap();
-    assert!(watch.message().await.unwrap().unwrap().created());
 
     // 32 KiB values on 100 keys: JetStream's limit (75% of the 32 MiB disk) comes first.
-    fill_up(&mut client, &mut acked, 32 * 1024, 100).await;
+    fill_up(client, &mut acked, 32 * 1024, 100).await;
     eprintln!("{} keys, {} bytes free on the disk", acked.len(), disk.free_bytes());
-    nospace_raised(&mut client).await;
-    put_refused(&mut client).await;
-    assert_all_present(&mut client, &acked).await;
+    nospace_raised(client).await;
+    put_refused(client).await;
+    assert_all_present(client, &acked).await;
     let mut replay =
         client.watch("/disk/", Some(WatchOptions::new().with_prefix().with_start_revision(1))).await.unwrap();
     let newest_before = acked.values().map(|v| v.0).max().unwrap();
@@ -177,18 +192,12 @@ async fn embedded_nats_store_full_raises_nospace_and_compaction_makes_room() {
     let status = client.status().await.unwrap();
     let current = status.header().unwrap().revision();
     client.compact(current, None).await.expect("compaction on a full store");
-    put_refused(&mut client).await;
-    disarm(&server.url);
+    put_refused(client).await;
+    disarm(&run.server.url);
     let r = client.put("/disk/after", "v", None).await.expect("a put after compaction and disarm");
     acked.insert("/disk/after".into(), (r.header().unwrap().revision(), b"v".to_vec()));
-    assert_all_present(&mut client, &acked).await;
-    delivered_everything(&mut watch, "live", r.header().unwrap().revision(), &acked).await;
+    assert_all_present(client, &acked).await;
+    delivered_everything(&mut run.watch, "live", r.header().unwrap().revision(), &acked).await;
 
-    drop(client);
-    drop(server);
-    let server = Server::start(&["--endpoint", &endpoint]);
-    let mut client = server.client().await;
-    assert_all_present(&mut client, &acked).await;
-    drop(server);
-    drop(disk);
+    run.restart_and_check(&acked).await;
 }
