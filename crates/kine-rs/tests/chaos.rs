@@ -114,15 +114,36 @@ async fn one_of_three_nats_servers_stalls() {
     assert!(!report.errors.contains_key("timeout"), "requests hung past kine-rs's request timeout: {report}");
 }
 
+/// kine-rs node i in namespace i on `endpoints[i]`, listening on its client link; all started at
+/// once (a fresh JetStream cluster forms only once every server has met the others).
+fn start_in_namespaces(lab: &Lab, endpoints: Vec<String>) -> Vec<Server> {
+    let starting: Vec<_> = endpoints
+        .into_iter()
+        .enumerate()
+        .map(|(i, endpoint)| {
+            let cmd = lab.command(i, server_bin());
+            let listen = format!("{}:2379", lab.client_ip(i));
+            std::thread::spawn(move || {
+                Server::start_command(cmd, &["--endpoint", &endpoint, "--listen-address", &listen])
+            })
+        })
+        .collect();
+    starting.into_iter().map(|s| s.join().expect("kine-rs started")).collect()
+}
+
 /// Three kine-rs nodes with embedded NATS servers, each in a network namespace of its own; one
 /// is cut off from the other two (its kine-rs and its clients still reach it).
+///
+/// Ignored in the suite until the two bugs it found are fixed (docs/reliability.md, "Open
+/// findings"): about one run in three reports per-key linearizability violations while node 0
+/// is cut off. Run it with `cargo test -p kine-rs --test chaos -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "finds linearizability violations on a partitioned embedded NATS node: docs/reliability.md, Open findings"]
 async fn an_embedded_nats_node_is_partitioned_from_the_others() {
     let lab = Arc::new(Lab::new(3).expect("the network namespaces"));
     let dir = TempDir::new("chaos-embedded");
     let routes: Vec<String> = (0..3).map(|i| format!("\"nats-route://{}:6222\"", lab.data_ip(i))).collect();
-    let mut nodes = Vec::new();
-    let mut starting = Vec::new();
+    let mut endpoints = Vec::new();
     for i in 0..3 {
         let conf = dir.path().join(format!("node{i}.conf"));
         let text = format!(
@@ -136,16 +157,9 @@ async fn an_embedded_nats_node_is_partitioned_from_the_others() {
             conf.display(),
             dir.path().join(format!("store{i}")).display()
         );
-        let listen = format!("{}:2379", lab.client_ip(i));
-        let cmd = lab.command(i, server_bin());
-        // A fresh JetStream cluster forms once every server has met the others: start all at once.
-        starting.push(std::thread::spawn(move || {
-            Server::start_command(cmd, &["--endpoint", &endpoint, "--listen-address", &listen])
-        }));
+        endpoints.push(endpoint);
     }
-    for s in starting {
-        nodes.push(s.join().expect("kine-rs started"));
-    }
+    let nodes = start_in_namespaces(&lab, endpoints);
     let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
     let mut fault = Partition { lab: lab.clone(), node: 0, what: "embedded NATS node 0 from nodes 1 and 2".into() };
     let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
@@ -207,16 +221,7 @@ async fn an_external_nats_server_is_partitioned_from_the_others() {
             .expect("nats-server in its namespace");
         servers.push(Child(child));
     }
-    let mut starting = Vec::new();
-    for i in 0..3 {
-        let cmd = lab.command(i, server_bin());
-        let listen = format!("{}:2379", lab.client_ip(i));
-        starting.push(std::thread::spawn(move || {
-            let endpoint = "nats://127.0.0.1:4222?noEmbed&bucket=chaos&replicas=3";
-            Server::start_command(cmd, &["--endpoint", endpoint, "--listen-address", &listen])
-        }));
-    }
-    let nodes: Vec<Server> = starting.into_iter().map(|s| s.join().expect("kine-rs started")).collect();
+    let nodes = start_in_namespaces(&lab, vec!["nats://127.0.0.1:4222?noEmbed&bucket=chaos&replicas=3".into(); 3]);
     let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
     let mut fault = Partition { lab: lab.clone(), node: 0, what: "external nats-server 0 from servers 1 and 2".into() };
     let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
