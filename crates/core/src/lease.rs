@@ -176,13 +176,18 @@ impl Lessor {
     /// copy) every lease gets its full TTL from then on, as etcd's new leader gives them.
     pub async fn run_expiry(self: Arc<Self>, mut shutdown: Shutdown) {
         let mut writable = self.backend.role().refusal().is_none();
+        // After a revoke failed (the datastore unreachable): when to try again, and how many
+        // attempts failed in a row.
+        let mut retry_at: Option<Instant> = None;
+        let mut failures = 0u64;
         loop {
             let wake = {
                 let leases = self.state();
                 // Expired leases wait on a node that cannot revoke them: no busy loop.
                 let next = leases.values().map(|l| l.deadline).min().filter(|_| writable);
                 let cap = Instant::now() + CHECK_INTERVAL;
-                next.map_or(cap, |d| d.min(cap))
+                let wake = next.map_or(cap, |d| d.min(cap));
+                retry_at.map_or(wake, |r| wake.max(r))
             };
             tokio::select! {
                 _ = shutdown.wait() => return,
@@ -215,6 +220,10 @@ impl Lessor {
                 }
                 match self.backend.write(WriteOp::LeaseRevoke { id, expired: true }).await {
                     Ok(r) => {
+                        if failures > 0 {
+                            tracing::info!(failed_attempts = failures, "expired leases are revoked again");
+                            (failures, retry_at) = (0, None);
+                        }
                         tracing::debug!(lease = id, revision = r.revision, "lease expired and revoked");
                         crate::metrics::metrics().leases_expired.inc();
                         crate::metrics::metrics().leases_revoked.inc();
@@ -223,12 +232,25 @@ impl Lessor {
                     Err(Error::LeaseNotFound) => {
                         self.state().remove(&id);
                     }
-                    Err(e) => tracing::warn!(lease = id, error = %e, "cannot revoke expired lease; will retry"),
+                    Err(e) => {
+                        // Once a second, not in a loop; one warning until it works again.
+                        if failures == 0 {
+                            tracing::warn!(lease = id, error = %e, "cannot revoke an expired lease; retrying every second");
+                        } else {
+                            tracing::debug!(lease = id, error = %e, "cannot revoke an expired lease");
+                        }
+                        failures += 1;
+                        retry_at = Some(Instant::now() + REVOKE_RETRY);
+                        break;
+                    }
                 }
             }
         }
     }
 }
+
+/// How long expiry waits after a revoke failed.
+const REVOKE_RETRY: Duration = Duration::from_secs(1);
 
 fn secs(ttl: i64) -> Duration {
     Duration::from_secs(ttl.max(0) as u64)

@@ -1,12 +1,16 @@
 //! Lease expiry on the memory backend with tokio's clock paused: deterministic, no sleeping.
 
+use kine_core::backend::{Backend, BackendStatus, Revisions};
 use kine_core::memory::MemoryBackend;
-use kine_core::request::{PutRequest, RangeRequest};
+use kine_core::request::{PutRequest, RangeRequest, RangeResponse, Revisioned};
 use kine_core::shutdown;
 use kine_core::store::{Store, StoreOptions};
-use kine_core::{Error, KeyRange};
+use kine_core::txn::{WriteOp, WriteResponse};
+use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::sync::broadcast;
 
 async fn count(s: &Store) -> i64 {
     s.range(RangeRequest::new(KeyRange::all())).await.unwrap().value.count
@@ -35,6 +39,95 @@ async fn leases_expire_on_time_and_keep_alive_extends_them() {
     assert_eq!(ttl.ttl, 3);
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(count(&store).await, 0);
+    assert!(store.lease_list().is_empty());
+    trigger.trigger();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// The memory backend, with lease revokes failing (as on a datastore out of reach) until told.
+struct RevokesFail {
+    inner: MemoryBackend,
+    failing: AtomicBool,
+    attempts: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Backend for RevokesFail {
+    fn name(&self) -> &'static str {
+        "revokes-fail"
+    }
+    fn cluster_id(&self) -> u64 {
+        self.inner.cluster_id()
+    }
+    fn member_id(&self) -> u64 {
+        self.inner.member_id()
+    }
+    async fn revisions(&self) -> Result<Revisions> {
+        self.inner.revisions().await
+    }
+    async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        self.inner.range(req).await
+    }
+    async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        if matches!(op, WriteOp::LeaseRevoke { .. }) {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(Error::Unavailable("etcdserver: request timed out".into()));
+            }
+        }
+        self.inner.write(op).await
+    }
+    async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.inner.compact(revision).await
+    }
+    async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+        self.inner.events(range, after, until).await
+    }
+    fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
+        self.inner.subscribe()
+    }
+    async fn leases(&self) -> Result<Vec<(LeaseId, i64)>> {
+        self.inner.leases().await
+    }
+    async fn lease_keys(&self, id: LeaseId) -> Result<Vec<Vec<u8>>> {
+        self.inner.lease_keys(id).await
+    }
+    async fn status(&self) -> Result<BackendStatus> {
+        self.inner.status().await
+    }
+    async fn defragment(&self) -> Result<()> {
+        self.inner.defragment().await
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+/// A revoke that fails is tried again once a second, not in a loop (which, with the clock
+/// paused, would never let time advance: the test would hang), and succeeds once it can.
+#[tokio::test(start_paused = true)]
+async fn a_failing_revoke_is_retried_every_second() {
+    let backend = Arc::new(RevokesFail {
+        inner: MemoryBackend::new(),
+        failing: AtomicBool::new(true),
+        attempts: AtomicUsize::new(0),
+    });
+    let store = Store::open(backend.clone(), StoreOptions::default()).await.unwrap();
+    let (trigger, stop) = shutdown::channel();
+    let tasks = store.spawn_tasks(&stop);
+    let (lease, _, _) = store.lease_grant(0, 2).await.unwrap();
+    store.put(PutRequest { key: "a".into(), value: b"v".to_vec(), lease, ..Default::default() }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(backend.attempts.load(Ordering::SeqCst), 1, "the first attempt, at expiry");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let attempts = backend.attempts.load(Ordering::SeqCst);
+    assert!((5..=7).contains(&attempts), "one attempt a second, not {attempts}");
+    assert_eq!(count(&store).await, 1, "not revoked while revokes fail");
+    backend.failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(count(&store).await, 0, "revoked once it can be");
     assert!(store.lease_list().is_empty());
     trigger.trigger();
     for t in tasks {
