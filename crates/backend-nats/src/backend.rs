@@ -23,6 +23,7 @@ mod local;
 mod meta;
 mod promote;
 mod replica;
+mod sent;
 mod setup;
 mod write;
 
@@ -122,13 +123,14 @@ struct Inner {
     /// The newest last sequence the stream leader reported to a read barrier: the replica must
     /// reach it (when it delivers nothing while behind it, the replica looks into why).
     target: watch::Sender<Revision>,
-    /// The read barrier's requests to the stream leader, shared by concurrent reads.
+    /// The read barrier's requests to the stream leader, shared by concurrent reads, and the
+    /// stream on the NATS server in this process, which answers them while it leads.
     rounds: barrier::Rounds,
-    /// The stream on the NATS server in this process, which answers barriers while it leads.
-    local: Option<LocalStream>,
     feed: broadcast::Sender<Arc<RevisionEvents>>,
     /// Which of this process's writes may be in flight together (see `write_locks`).
     locks: WriteLocks,
+    /// Writes in flight, found by the replica (`sent.rs`).
+    sent: sent::Sent,
     /// Held by a compaction.
     compaction: tokio::sync::Mutex<()>,
     /// `$KV.<stored>.>`: every message of the bucket.
@@ -235,8 +237,7 @@ impl NatsBackend {
             stored: opened.stored,
             birth: opened.birth,
             client,
-            rounds: barrier::Rounds::new(js.clone(), stream_name.clone()),
-            local,
+            rounds: barrier::Rounds::new(js.clone(), stream_name.clone(), local, opened.copy),
             js,
             stream_name,
             stream: opened.stream,
@@ -257,6 +258,7 @@ impl NatsBackend {
             target: watch::channel(0).0,
             feed,
             locks: WriteLocks::default(),
+            sent: sent::Sent::default(),
             compaction: tokio::sync::Mutex::new(()),
             history_limited: opened.info.config.max_messages_per_subject > 0,
             max_control_line: cfg.max_control_line,
@@ -382,9 +384,9 @@ impl Inner {
     async fn barrier(&self) -> Result<()> {
         self.check_open()?;
         let started = Instant::now();
-        let last = match self.local.as_ref().and_then(LocalStream::last) {
+        let last = match self.rounds.immediate() {
             Some(last) => last,
-            None => self.rounds.stream_state().await?.last,
+            None => self.rounds.last().await?,
         };
         self.target.send_if_modified(|t| {
             let newer = last > *t;

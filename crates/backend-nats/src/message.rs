@@ -73,6 +73,11 @@ pub fn encode(event: &Event) -> (HeaderMap, Bytes) {
     }
 }
 
+/// The id a write's message carries (`Nats-Msg-Id`, see the backend's `sent.rs`).
+pub fn msg_id(headers: Option<&HeaderMap>) -> Option<&str> {
+    headers?.get("Nats-Msg-Id").map(|v| v.as_str())
+}
+
 /// Marks message `index` (from 0) of a batch of `count`.
 pub fn mark_batch(headers: &mut HeaderMap, index: usize, count: usize) {
     headers.insert(BATCH, format!("{}/{count}", index + 1).as_str());

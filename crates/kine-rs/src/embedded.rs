@@ -50,7 +50,7 @@ impl LocalServer for Local {
         self.0.account_of(server_id, client_id)
     }
 
-    fn stream_last_seq(&self, account: &CStr, stream: &CStr) -> Option<u64> {
+    fn stream_last_seq(&self, account: &CStr, stream: &CStr) -> Option<(u64, Option<Duration>)> {
         self.0.stream_last_seq(account, stream)
     }
 }

@@ -26,7 +26,8 @@ const RECOVERY: Duration = Duration::from_secs(15);
 
 fn held(report: &Report, logs: impl Fn() -> String) {
     eprintln!("CHAOS-RESULT {report}");
-    if !report.findings.is_empty() || report.recovery > RECOVERY {
+    // KINE_CHAOS_LOGS=1: the servers' logs of every run, not only of runs with findings.
+    if !report.findings.is_empty() || report.recovery > RECOVERY || std::env::var_os("KINE_CHAOS_LOGS").is_some() {
         eprintln!("{}", logs());
     }
     report.assert_held();
@@ -132,13 +133,11 @@ fn start_in_namespaces(lab: &Lab, endpoints: Vec<String>) -> Vec<Server> {
 }
 
 /// Three kine-rs nodes with embedded NATS servers, each in a network namespace of its own; one
-/// is cut off from the other two (its kine-rs and its clients still reach it).
-///
-/// Ignored in the suite until the two bugs it found are fixed (docs/reliability.md, "Open
-/// findings"): about one run in three reports per-key linearizability violations while node 0
-/// is cut off. Run it with `cargo test -p kine-rs --test chaos -- --ignored --nocapture`.
+/// is cut off from the other two (its kine-rs and its clients still reach it). Before the first
+/// cut the bucket's stream leader is moved to the node cut off (a leader that keeps believing it
+/// leads, up to its lost-quorum check, while the others elect another and take writes: the
+/// case of stale reads), before the second to another node (the cut-off node is a follower).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "finds linearizability violations on a partitioned embedded NATS node: docs/reliability.md, Open findings"]
 async fn an_embedded_nats_node_is_partitioned_from_the_others() {
     let lab = Arc::new(Lab::new(3).expect("the network namespaces"));
     let dir = TempDir::new("chaos-embedded");
@@ -152,8 +151,10 @@ async fn an_embedded_nats_node_is_partitioned_from_the_others() {
             routes.join(", ")
         );
         std::fs::write(&conf, text).unwrap();
+        // The client port on the data network too, so that the test can place the stream leader.
         let endpoint = format!(
-            "nats://127.0.0.1:4222?serverConfig={}&replicas=3&bucket=chaos&dataDir={}",
+            "nats://kine:chaos@{}:4222?serverConfig={}&replicas=3&bucket=chaos&dataDir={}",
+            lab.data_ip(i),
             conf.display(),
             dir.path().join(format!("store{i}")).display()
         );
@@ -161,11 +162,66 @@ async fn an_embedded_nats_node_is_partitioned_from_the_others() {
     }
     let nodes = start_in_namespaces(&lab, endpoints);
     let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
-    let mut fault = Partition { lab: lab.clone(), node: 0, what: "embedded NATS node 0 from nodes 1 and 2".into() };
+    let nats = (0..3).map(|i| format!("nats://{}:4222", lab.data_ip(i))).collect();
+    let partition = Partition { lab: lab.clone(), node: 0, what: "embedded NATS node 0 from nodes 1 and 2".into() };
+    let mut fault = LeaderThenCut { partition, nats, leaders: vec!["kine-0", "kine-1"], round: 0 };
     let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
     held(&report, || nodes.iter().map(Server::log).collect());
     drop(nodes);
-    fault.heal().unwrap();
+    fault.partition.heal().unwrap();
+}
+
+/// A partition preceded by moving the stream `KV_chaos`'s leader to `leaders[round]`.
+struct LeaderThenCut {
+    partition: Partition,
+    nats: Vec<String>,
+    leaders: Vec<&'static str>,
+    round: usize,
+}
+
+impl Fault for LeaderThenCut {
+    fn name(&self) -> String {
+        format!("{} (stream leader placed first: {})", self.partition.name(), self.leaders.join(", then "))
+    }
+    fn inject(&mut self) -> anyhow::Result<()> {
+        let leader = self.leaders[self.round % self.leaders.len()];
+        self.round += 1;
+        let nats = self.nats.clone();
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(place_leader(&nats, "KV_chaos", leader))
+        })?;
+        self.partition.inject()
+    }
+    fn heal(&mut self) -> anyhow::Result<()> {
+        self.partition.heal()
+    }
+}
+
+/// Moves `stream`'s leader to the server named `leader` (a stepdown with a preferred server)
+/// and waits until it leads.
+async fn place_leader(servers: &[String], stream: &str, leader: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let addrs = servers.iter().map(|s| s.parse::<async_nats::ServerAddr>()).collect::<Result<Vec<_>, _>>()?;
+    let client = async_nats::ConnectOptions::with_user_and_password("kine".into(), "chaos".into())
+        .connect(addrs)
+        .await
+        .with_context(|| format!("connect to {servers:?}"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = client.request(format!("$JS.API.STREAM.INFO.{stream}"), "".into()).await.context("STREAM.INFO")?;
+        let info: serde_json::Value = serde_json::from_slice(&info.payload)?;
+        if info["cluster"]["leader"] == leader {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{stream}'s leader is still {}",
+            info["cluster"]["leader"]
+        );
+        let request = serde_json::json!({ "placement": { "preferred": leader } }).to_string();
+        let _ = client.request(format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"), request.into()).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Two kine-rs nodes on one PostgreSQL; node 0 lives in a namespace that reaches the database

@@ -13,9 +13,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -324,11 +326,17 @@ func KineNatsAccountOf(serverID *C.char, cid C.ulonglong) *C.char {
 // otherwise (not leader, no such stream here, server gone). It is what STREAM.INFO's leader
 // would answer, read in-process.
 //
+// A leader cut off from the other replicas keeps believing it leads until its Raft term times
+// out (10 to 20 s) while the others elect another leader and take writes, so *contactMs says
+// how long ago this leader last heard from enough replicas to form a quorum with itself (the
+// quorum's oldest contact, in milliseconds); -1 when the stream has no other replicas.
+//
 //export KineNatsStreamLastSeq
-func KineNatsStreamLastSeq(account, stream *C.char) C.longlong {
+func KineNatsStreamLastSeq(account, stream *C.char, contactMs *C.longlong) C.longlong {
 	mu.Lock()
 	s := srv
 	mu.Unlock()
+	*contactMs = -1
 	if s == nil {
 		return -1
 	}
@@ -348,9 +356,34 @@ func KineNatsStreamLastSeq(account, stream *C.char) C.longlong {
 		if clustered && (st.Cluster == nil || st.Cluster.Leader != s.Name()) {
 			return -1
 		}
+		if st.Cluster != nil && len(st.Cluster.Replicas) > 0 {
+			*contactMs = C.longlong(quorumContact(st.Cluster.Replicas).Milliseconds())
+		}
 		return C.longlong(st.State.LastSeq)
 	}
 	return -1
+}
+
+// quorumContact is how long ago the leader last heard from enough of its other replicas to
+// form a quorum with itself: the oldest contact among the most recent ones it needs. A replica
+// never heard from counts as never.
+func quorumContact(replicas []*server.PeerInfo) time.Duration {
+	never := time.Duration(math.MaxInt64)
+	ages := make([]time.Duration, 0, len(replicas))
+	for _, r := range replicas {
+		switch {
+		case r.Active > 0:
+			ages = append(ages, r.Active)
+		case r.Current:
+			ages = append(ages, 0)
+		default:
+			ages = append(ages, never)
+		}
+	}
+	sort.Slice(ages, func(i, j int) bool { return ages[i] < ages[j] })
+	// Of the len+1 replicas (this leader included), a quorum needs (len+1)/2+1, so
+	// (len+1)/2 others.
+	return ages[(len(replicas)+1)/2-1]
 }
 
 // KineNatsNextLog returns the next warning or error line ("W..." / "E..." / "F..."), NULL

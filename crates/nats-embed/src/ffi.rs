@@ -12,6 +12,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::FromRawFd;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// The shim as `go build -buildmode=c-shared` wrote it.
 static LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libkinenats.so"));
@@ -27,7 +28,7 @@ struct Shim {
     next_log: TimeoutFn,
     shutdown: unsafe extern "C" fn(),
     account_of: unsafe extern "C" fn(*const c_char, u64) -> *mut c_char,
-    stream_last_seq: unsafe extern "C" fn(*const c_char, *const c_char) -> i64,
+    stream_last_seq: unsafe extern "C" fn(*const c_char, *const c_char, *mut i64) -> i64,
     free: unsafe extern "C" fn(*mut c_char),
 }
 
@@ -98,7 +99,7 @@ fn load() -> Result<Shim, String> {
             ),
             stream_last_seq: std::mem::transmute::<
                 *mut c_void,
-                unsafe extern "C" fn(*const c_char, *const c_char) -> i64,
+                unsafe extern "C" fn(*const c_char, *const c_char, *mut i64) -> i64,
             >(symbol(c"KineNatsStreamLastSeq")?),
             free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_char)>(symbol(c"KineNatsFree")?),
         })
@@ -178,12 +179,16 @@ pub fn account_of(server_id: &str, cid: u64) -> Option<String> {
     take(shim, unsafe { (shim.account_of)(server_id.as_ptr(), cid) })
 }
 
-/// The last sequence of `stream` in `account` if this server may answer for its leader.
-pub fn stream_last_seq(account: &CStr, stream: &CStr) -> Option<u64> {
+/// The last sequence of `stream` in `account` if this server may answer for its leader, and
+/// for a replicated stream how long ago the leader last heard from a quorum of its replicas.
+pub fn stream_last_seq(account: &CStr, stream: &CStr) -> Option<(u64, Option<Duration>)> {
     let shim = loaded()?;
-    // SAFETY: both are valid C strings that outlive the call; Go copies them.
-    let seq = unsafe { (shim.stream_last_seq)(account.as_ptr(), stream.as_ptr()) };
-    u64::try_from(seq).ok()
+    let mut contact_ms: i64 = -1;
+    // SAFETY: both are valid C strings that outlive the call (Go copies them); `contact_ms` is
+    // a valid integer the call writes once.
+    let seq = unsafe { (shim.stream_last_seq)(account.as_ptr(), stream.as_ptr(), &mut contact_ms) };
+    let contact = u64::try_from(contact_ms).ok().map(Duration::from_millis);
+    u64::try_from(seq).ok().map(|s| (s, contact))
 }
 
 /// Stops the server and waits for it; idempotent, and nothing to do if it was never loaded.

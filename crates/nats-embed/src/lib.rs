@@ -192,8 +192,10 @@ impl EmbeddedServer {
     /// The last sequence of `stream` in `account`, read in-process, when this server answers
     /// for the stream's leader: a server outside a cluster always (it holds its streams
     /// alone), in a cluster only while it leads the stream. `None` otherwise: ask the leader
-    /// over NATS. What STREAM.INFO would answer, without the round trip.
-    pub fn stream_last_seq(&self, account: &CStr, stream: &CStr) -> Option<u64> {
+    /// over NATS. What STREAM.INFO would answer, without the round trip. For a stream with
+    /// other replicas, also how long ago this leader last heard from a quorum of them: a leader
+    /// cut off from them still believes it leads until its Raft term times out.
+    pub fn stream_last_seq(&self, account: &CStr, stream: &CStr) -> Option<(u64, Option<std::time::Duration>)> {
         if self.stopped.load(Ordering::SeqCst) {
             return None;
         }

@@ -123,11 +123,11 @@ fn stream_state_in_process(server: &kine_nats_embed::EmbeddedServer, port: u16) 
     assert_eq!(server.account_of(&server_id, client_id + 1000), None);
     let created = c.request("$JS.API.STREAM.CREATE.T", r#"{"name":"T","subjects":["t.>"],"storage":"memory"}"#);
     assert!(created.contains("stream_create_response") && !created.contains("\"error\""), "{created}");
-    assert_eq!(server.stream_last_seq(c"$G", c"T"), Some(0));
+    assert_eq!(server.stream_last_seq(c"$G", c"T"), Some((0, None)), "a stream without other replicas");
     for i in 1..=5 {
         let ack = c.request("t.x", "v");
         assert!(ack.contains(&format!("\"seq\":{i}")), "{ack}");
-        assert_eq!(server.stream_last_seq(c"$G", c"T"), Some(i));
+        assert_eq!(server.stream_last_seq(c"$G", c"T"), Some((i, None)));
     }
     let info = c.request("$JS.API.STREAM.INFO.T", "");
     assert!(info.contains("\"last_seq\":5"), "{info}");

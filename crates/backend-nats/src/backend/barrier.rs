@@ -8,14 +8,24 @@
 //! round trips, and NATS answers one request per round trip, whatever the number of readers.
 //! The request costs the same whatever the bucket holds (the stream's state, not a message
 //! lookup).
+//!
+//! When the NATS server in this process leads the stream, it answers without a request. A
+//! replicated stream's leader may be cut off from the other replicas and not know it yet while
+//! they elect another leader and take writes, or be a deposed leader whose link came back
+//! before the news of its deposition: its answer counts only if it heard from a quorum of the
+//! replicas within [`leader::LEASE`] (etcd's leader lease). A read-only copy takes any answer:
+//! it serves as of what its mirror holds.
 
-use super::leader::{self, StreamState};
+use super::leader::{self, LEASE};
+use super::local::LocalStream;
 use async_nats::jetstream;
-use kine_core::{Error, Result};
+use kine_core::{Error, Result, Revision};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::watch;
 
-type Answer = std::result::Result<StreamState, String>;
+type Answer = std::result::Result<Revision, String>;
 
 pub(super) struct Rounds {
     shared: Arc<Shared>,
@@ -25,6 +35,10 @@ struct Shared {
     js: jetstream::Context,
     /// The bucket's stream.
     name: String,
+    /// The stream on the NATS server in this process, which answers while it leads.
+    local: Option<LocalStream>,
+    /// This node serves a read-only copy (see the module documentation).
+    copy: AtomicBool,
     state: Mutex<State>,
     /// `(round, answer)` of the newest round answered.
     answers: watch::Sender<(u64, Answer)>,
@@ -41,14 +55,26 @@ struct State {
 }
 
 impl Rounds {
-    pub fn new(js: jetstream::Context, name: String) -> Rounds {
+    pub fn new(js: jetstream::Context, name: String, local: Option<LocalStream>, copy: bool) -> Rounds {
         let answers = watch::channel((0, Err("no answer yet".to_string()))).0;
         let state = Mutex::new(State { next: 1, ..State::default() });
-        Rounds { shared: Arc::new(Shared { js, name, state, answers }) }
+        let copy = AtomicBool::new(copy);
+        Rounds { shared: Arc::new(Shared { js, name, local, copy, state, answers }) }
     }
 
-    /// The stream's state, from a request sent after this call began.
-    pub async fn stream_state(&self) -> Result<StreamState> {
+    /// The copy was promoted: its stream leader's answers need the lease from now on.
+    pub fn promoted(&self) {
+        self.shared.copy.store(false, Ordering::Relaxed);
+    }
+
+    /// The stream's last sequence, answered by the server in this process without any request,
+    /// if it leads the stream (with the lease, if the stream is replicated).
+    pub fn immediate(&self) -> Option<Revision> {
+        self.shared.local_answer()
+    }
+
+    /// The stream's last sequence, from a leader asked after this call began.
+    pub async fn last(&self) -> Result<Revision> {
         let mut answers = self.shared.answers.subscribe();
         let (round, drive) = {
             let mut st = self.shared.lock();
@@ -65,7 +91,7 @@ impl Rounds {
         };
         if drive {
             let handoff = Handoff(Some(self.shared.clone()));
-            let answer = leader::stream_state(&self.shared.js, &self.shared.name).await.map_err(|e| e.to_string());
+            let answer = self.shared.ask().await;
             self.shared.answers.send_modify(|a| *a = (round, answer));
             handoff.finish();
         }
@@ -82,6 +108,30 @@ impl Rounds {
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn leased(&self, contact: Option<Duration>) -> bool {
+        contact.is_none_or(|c| c <= LEASE) || self.copy.load(Ordering::Relaxed)
+    }
+
+    /// The server in this process answers if it leads the stream (with the lease).
+    fn local_answer(&self) -> Option<Revision> {
+        let (last, contact) = self.local.as_ref()?.head()?;
+        self.leased(contact).then_some(last)
+    }
+
+    /// One round: the server in this process answers if it leads the stream, else the leader
+    /// over NATS (any other answer is asked for again meanwhile).
+    async fn ask(&self) -> Answer {
+        if let Some(last) = self.local_answer() {
+            return Ok(last);
+        }
+        let state = if self.copy.load(Ordering::Relaxed) {
+            leader::stream_state(&self.js, &self.name).await
+        } else {
+            leader::leading_state(&self.js, &self.name).await
+        };
+        state.map(|s| s.last).map_err(|e| e.to_string())
     }
 }
 
@@ -123,7 +173,7 @@ async fn run(shared: Arc<Shared>) {
             st.next += 1;
             st.next - 1
         };
-        let answer = leader::stream_state(&shared.js, &shared.name).await.map_err(|e| e.to_string());
+        let answer = shared.ask().await;
         shared.answers.send_modify(|a| *a = (round, answer));
     }
 }

@@ -153,12 +153,43 @@ pub(super) async fn open(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::R
     if !copy && !info.config.allow_atomic_publish {
         tracing::warn!(stream = %name, "atomic batch publish is off on this stream; writes that change several keys will fail");
     }
+    if !copy && info.config.duplicate_window > DEDUPE_WINDOW {
+        shorten_dedupe_window(js, &info.config).await;
+    }
     // A promoted copy remembers its origin (for the fence, `promote.rs`).
     let origin = match origin {
         Some(o) => Some(o),
         None => super::promote::recorded_origin(&meta).await?,
     };
     Ok(Opened { stream, info, meta, stored, birth, origin, copy })
+}
+
+/// How long the stream remembers a write's message id (`Nats-Msg-Id`, `write.rs`). A write
+/// sends its message again with the same id only within its own request (at most a few
+/// seconds); the server keeps every id of the window in memory (about 100 bytes each), so the
+/// window is short: NATS's 2 minutes would hold 1.2 million ids at 10,000 writes/s.
+pub(super) const DEDUPE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A bucket created before kine-rs set its own window (or by another tool) keeps the server's
+/// default of 2 minutes: shortened, best effort.
+async fn shorten_dedupe_window(js: &jetstream::Context, config: &stream::Config) {
+    let mut config = config.clone();
+    let before = config.duplicate_window;
+    config.duplicate_window = DEDUPE_WINDOW;
+    match js.update_stream(&config).await {
+        Ok(_) => tracing::info!(
+            stream = %config.name,
+            before_s = before.as_secs(),
+            now_s = DEDUPE_WINDOW.as_secs(),
+            "shortened the stream's duplicate window (write ids kept in memory by the server)"
+        ),
+        Err(e) => tracing::warn!(
+            stream = %config.name,
+            error = %e,
+            "cannot shorten the stream's duplicate window; the NATS server keeps every write's id for {}s",
+            before.as_secs()
+        ),
+    }
 }
 
 fn not_found(e: &jetstream::context::GetStreamError) -> bool {
@@ -174,6 +205,7 @@ async fn create_bucket(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Res
         allow_rollup: true,
         allow_direct: true,
         allow_atomic_publish: true,
+        duplicate_window: DEDUPE_WINDOW,
         num_replicas: cfg.replicas,
         storage: stream::StorageType::File,
         ..Default::default()

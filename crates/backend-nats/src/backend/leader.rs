@@ -13,6 +13,38 @@ pub(super) struct StreamState {
     pub messages: u64,
     /// The sequence of the newest message ever stored (it may have been removed since).
     pub last: Revision,
+    /// For a stream with other replicas: how long ago the leader that answered last heard from
+    /// a quorum of them (see [`LEASE`]).
+    pub contact: Option<Duration>,
+}
+
+/// A replicated stream's leader answers for the stream only while it heard from a quorum of its
+/// replicas within this. One cut off from them keeps believing it leads until its Raft term
+/// times out (10 to 20 s), while the others elect a new leader once their election timeout
+/// (4 to 9 s) passes without hearing from it; answers from such a leader are stale (as are a
+/// deposed leader's, whose link comes back before the Raft traffic telling it that it was
+/// deposed: both answer requests for a while). The followers hear from a leader at least every
+/// second (its heartbeats), so 2 s leaves a working leader room and expires well before another
+/// can be elected: etcd's leader lease, with nats-server's timeouts.
+pub(super) const LEASE: Duration = Duration::from_secs(2);
+
+/// How long ago the leader last heard from a quorum of its other `replicas`: the oldest contact
+/// among the most recent ones a quorum needs. None: no other replicas.
+fn quorum_contact(replicas: &[Replica]) -> Option<Duration> {
+    if replicas.is_empty() {
+        return None;
+    }
+    let mut ages: Vec<Duration> = replicas
+        .iter()
+        .map(|r| match r.active {
+            Some(ns) if ns > 0 => Duration::from_nanos(ns),
+            _ if r.current => Duration::ZERO,
+            _ => Duration::MAX,
+        })
+        .collect();
+    ages.sort();
+    // Of the len+1 replicas (the leader included), a quorum needs (len+1)/2+1: (len+1)/2 others.
+    ages.get(replicas.len().div_ceil(2) - 1).copied()
 }
 
 /// One request's limit: a leader that died answers nothing, and the next attempt may reach the
@@ -59,6 +91,18 @@ struct State {
 #[derive(serde::Deserialize)]
 struct Cluster {
     leader: Option<String>,
+    #[serde(default)]
+    replicas: Vec<Replica>,
+}
+
+/// A replica other than the leader, as the leader sees it.
+#[derive(serde::Deserialize)]
+struct Replica {
+    /// Nanoseconds since the leader last heard from it (absent or 0: never, unless current).
+    #[serde(default)]
+    active: Option<u64>,
+    #[serde(default)]
+    current: bool,
 }
 
 #[derive(serde::Deserialize)]
@@ -72,6 +116,16 @@ enum Answer {
 /// members answer for themselves, possibly behind: such an answer (no leader named) is not
 /// taken.
 pub(super) async fn stream_state(js: &jetstream::Context, name: &str) -> Result<StreamState> {
+    state(js, name, false).await
+}
+
+/// [`stream_state`], from a leader that heard from a quorum of its replicas within [`LEASE`]
+/// (another answer is asked for meanwhile): what a read barrier may trust.
+pub(super) async fn leading_state(js: &jetstream::Context, name: &str) -> Result<StreamState> {
+    state(js, name, true).await
+}
+
+async fn state(js: &jetstream::Context, name: &str, leased: bool) -> Result<StreamState> {
     let subject = format!("STREAM.INFO.{name}");
     patiently("read the stream state", || async {
         let answer: Answer = js.request(subject.clone(), &()).await.map_err(|e| e.to_string())?;
@@ -79,10 +133,19 @@ pub(super) async fn stream_state(js: &jetstream::Context, name: &str) -> Result<
             Answer::Ok(info) => info,
             Answer::Err { error } => return Err(error.to_string()),
         };
-        if info.cluster.is_some_and(|c| c.leader.is_none_or(|l| l.is_empty())) {
+        if info.cluster.as_ref().is_some_and(|c| c.leader.as_ref().is_none_or(|l| l.is_empty())) {
             return Err("the stream has no leader (an election is under way)".to_string());
         }
-        Ok(StreamState { messages: info.state.messages, last: info.state.last_seq as Revision })
+        let contact = info.cluster.as_ref().and_then(|c| quorum_contact(&c.replicas));
+        if leased && contact.is_some_and(|c| c > LEASE) {
+            // "leader" in the text: retried (`transient`), another answer may come from the
+            // leader elected since.
+            return Err(format!(
+                "the stream leader has not heard from a quorum of its replicas for {:?}",
+                contact.unwrap_or_default()
+            ));
+        }
+        Ok(StreamState { messages: info.state.messages, last: info.state.last_seq as Revision, contact })
     })
     .await
 }
@@ -119,4 +182,33 @@ pub(super) async fn compact_revision(meta: &kv::Store) -> Result<Revision> {
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn contact(json: &str) -> Option<Duration> {
+        let cluster: Cluster = serde_json::from_str(json).unwrap();
+        quorum_contact(&cluster.replicas)
+    }
+
+    #[test]
+    fn a_quorum_needs_the_most_recent_contacts() {
+        assert_eq!(contact(r#"{"leader":"a"}"#), None, "no other replicas");
+        // R3: the leader and its most recent follower are a quorum.
+        let r3 = r#"{"leader":"a","replicas":[{"name":"b","current":true,"active":250000000},
+            {"name":"c","current":false,"active":9000000000}]}"#;
+        assert_eq!(contact(r3), Some(Duration::from_millis(250)));
+        // Cut off from both: the leader's quorum contact is as old as the newer of them.
+        let cut = r#"{"leader":"a","replicas":[{"name":"b","current":true,"active":6000000000},
+            {"name":"c","current":true,"active":7000000000}]}"#;
+        assert!(contact(cut).unwrap() > LEASE);
+        // R5: two others are needed.
+        let r5 = r#"{"leader":"a","replicas":[{"active":100},{"active":3000000000},{"active":200},{"current":false}]}"#;
+        assert_eq!(contact(r5), Some(Duration::from_nanos(200)));
+        // Never heard from (no active, not current) counts as never; current and 0 as now.
+        assert_eq!(contact(r#"{"replicas":[{"current":false},{"current":false}]}"#), Some(Duration::MAX));
+        assert_eq!(contact(r#"{"replicas":[{"current":true,"active":0},{"current":false}]}"#), Some(Duration::ZERO));
+    }
 }

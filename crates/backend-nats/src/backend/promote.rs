@@ -85,6 +85,9 @@ pub(super) async fn promote_stream(
     config.allow_direct = true;
     config.allow_rollup = true;
     config.allow_atomic_publish = bucket_stream;
+    if bucket_stream {
+        config.duplicate_window = super::layout::DEDUPE_WINDOW;
+    }
     js.update_stream(&config)
         .await
         .map_err(|e| anyhow!("promote stream {}: {e} (nats-server 2.12 or newer?)", config.name))?;
@@ -240,6 +243,7 @@ impl Inner {
     /// Loads the replica again, then takes writes.
     pub(super) async fn become_primary(self: &Arc<Self>) -> Result<()> {
         self.reload().await?;
+        self.rounds.promoted();
         *self.role.write().unwrap_or_else(|p| p.into_inner()) = Role::Primary;
         // It may be superseded in turn by a copy of its own.
         self.spawn(listen_for_fence(self.clone()));

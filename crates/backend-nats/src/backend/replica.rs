@@ -201,6 +201,7 @@ async fn load_once(
                     st.gaps.push((next, seq - 1));
                 }
                 take(&inner.stored, &mut st.table, &mut st.seqs, &mut st.position.batches, &m, seq);
+                inner.sent.applied(message::msg_id(m.headers.as_ref()), seq);
                 st.position.next = seq + 1;
                 st.newest_at = info.published.unix_timestamp_nanos() as i64;
                 if target.is_none() && info.pending == 0 {
@@ -447,7 +448,11 @@ fn apply(inner: &Inner, position: &mut Position, msg: &jetstream::Message, seq: 
     let completed = {
         let mut t = inner.table();
         let mut seqs = inner.seqs();
-        take(&inner.stored, &mut t, &mut seqs, &mut position.batches, msg, seq)
+        let completed = take(&inner.stored, &mut t, &mut seqs, &mut position.batches, msg, seq);
+        // Under the table's lock: a write evaluated on a table holding its own message finds
+        // it noted (`sent.rs`).
+        inner.sent.applied(message::msg_id(msg.headers.as_ref()), seq);
+        completed
     };
     position.next = seq + 1;
     let applied = position.batches.applied_limit().map_or(seq, |limit| limit.min(seq));

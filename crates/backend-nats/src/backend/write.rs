@@ -50,13 +50,15 @@ impl Inner {
         Ok((applied, base, expect, key_last))
     }
 
-    /// Publishes the messages of one write. `key_last[i]` is the last revision of event `i`'s
-    /// key when the write was evaluated. `None`: an expectation failed.
+    /// Publishes the messages of one write, the last carrying `id`. `key_last[i]` is the last
+    /// revision of event `i`'s key when the write was evaluated. `None`: an expectation failed
+    /// (or so an answer said, `sent.rs`).
     async fn publish(
         &self,
         events: &[kine_core::Event],
         expect: Expect,
         key_last: &[Revision],
+        id: &str,
     ) -> Result<Option<Revision>> {
         // Every subject checked before anything is sent: a batch is all or nothing.
         let subjects: Vec<String> = events.iter().map(|e| message::subject(&self.bucket, &e.kv.key)).collect();
@@ -80,51 +82,109 @@ impl Inner {
                 }
                 Expect::Stream(_) => {}
             }
-            if let Some(id) = &batch_id {
+            if let Some(batch) = &batch_id {
                 message::mark_batch(&mut headers, i, events.len());
-                headers.insert("Nats-Batch-Id", id.as_str());
+                headers.insert("Nats-Batch-Id", batch.as_str());
                 headers.insert("Nats-Batch-Sequence", (i + 1).to_string().as_str());
                 if i + 1 == events.len() {
                     headers.insert("Nats-Batch-Commit", "1");
                 }
             }
-            let subject = subjects[i].clone();
-            let sent = match tokio::time::timeout(NATS_TIMEOUT, self.js.publish_with_headers(subject, headers, payload))
-                .await
-            {
-                Ok(Ok(future)) => future,
-                // Larger than the server's max_payload: a size error, never an outage (an
-                // unfinished batch is dropped by the server).
-                Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded => {
-                    return Err(Error::RequestTooLarge);
-                }
-                Ok(Err(e)) => return Err(unavailable(format!("publish: {e}"))),
-                Err(_) => return Err(unavailable(format!("publish: timed out after {NATS_TIMEOUT:?}"))),
-            };
+            if i + 1 == events.len() {
+                // Found by the replica (`sent.rs`); and sent again with the same id, a message
+                // JetStream holds already is acknowledged with its sequence instead of being
+                // checked (and refused) a second time.
+                headers.insert("Nats-Msg-Id", id);
+            }
+            let subject = &subjects[i];
             if batch_id.is_some() && i + 1 < events.len() {
                 // Batch members before the commit are not acknowledged one by one.
+                self.send(subject, headers, payload).await?;
                 continue;
             }
-            let future = sent;
-            ack = Some(match tokio::time::timeout(NATS_TIMEOUT, future).await {
-                Ok(Ok(ack)) => ack,
-                Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => return Ok(None),
-                Ok(Err(e)) => {
-                    let text = e.to_string();
-                    // Wrong-last-sequence inside a batch, or a replicated stream's variant of it.
-                    if text.contains("wrong last sequence") || text.contains("10071") || text.contains("10164") {
-                        return Ok(None);
-                    }
-                    if stream_full(&text) {
-                        tracing::warn!(error = %text, "the NATS stream has no room for a write");
-                        return Err(Error::NoSpace);
-                    }
-                    return Err(unavailable(format!("publish: {text}")));
+            let deadline = tokio::time::Instant::now() + NATS_TIMEOUT;
+            let published = loop {
+                let future = self.send(subject, headers.clone(), payload.clone()).await?;
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match tokio::time::timeout(remaining, future).await {
+                    Ok(Ok(ack)) => break ack,
+                    Ok(Err(e)) => match refusal(&e) {
+                        Refusal::Expectation => return Ok(None),
+                        Refusal::InProcess if batch_id.is_none() && tokio::time::Instant::now() < deadline => {
+                            // This very message is being stored (JetStream saw it twice): its
+                            // outcome is known once it is; ask again with the same id.
+                            tracing::debug!(error = %e, "the message is in process; publishing it again");
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Refusal::Full => {
+                            tracing::warn!(error = %e, "the NATS stream has no room for a write");
+                            return Err(Error::NoSpace);
+                        }
+                        _ => return Err(unavailable(format!("publish: {e}"))),
+                    },
+                    Err(_) => return Err(unavailable("publish: no acknowledgement within 5 s")),
                 }
-                Err(_) => return Err(unavailable("publish: no acknowledgement within 5 s")),
-            });
+            };
+            ack = Some(published);
         }
         Ok(ack.map(|a| a.sequence as Revision))
+    }
+
+    /// Sends one message; the acknowledgement is awaited by the caller.
+    async fn send(
+        &self,
+        subject: &str,
+        headers: async_nats::HeaderMap,
+        payload: bytes::Bytes,
+    ) -> Result<jetstream::context::PublishAckFuture> {
+        match tokio::time::timeout(NATS_TIMEOUT, self.js.publish_with_headers(subject.to_string(), headers, payload))
+            .await
+        {
+            Ok(Ok(future)) => Ok(future),
+            // Larger than the server's max_payload: a size error, never an outage (an
+            // unfinished batch is dropped by the server).
+            Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded => {
+                Err(Error::RequestTooLarge)
+            }
+            Ok(Err(e)) => Err(unavailable(format!("publish: {e}"))),
+            Err(_) => Err(unavailable(format!("publish: timed out after {NATS_TIMEOUT:?}"))),
+        }
+    }
+}
+
+/// A published write that JetStream refused, or so an answer said.
+struct Attempt<'a> {
+    sent: super::sent::Registered<'a>,
+    response: WriteResponse,
+    base: Revision,
+}
+
+/// Why JetStream refused a message.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// An expected last sequence did not hold: another writer came first.
+    Expectation,
+    /// A message with the same id is being stored (10158).
+    InProcess,
+    /// The stream or the server's storage is full.
+    Full,
+    Other,
+}
+
+fn refusal(e: &jetstream::context::PublishError) -> Refusal {
+    if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence {
+        return Refusal::Expectation;
+    }
+    let text = e.to_string();
+    // Wrong-last-sequence inside a batch, or a replicated stream's variant of it.
+    if text.contains("wrong last sequence") || text.contains("10071") || text.contains("10164") {
+        Refusal::Expectation
+    } else if text.contains("10158") || text.contains("duplicate message id is in process") {
+        Refusal::InProcess
+    } else if stream_full(&text) {
+        Refusal::Full
+    } else {
+        Refusal::Other
     }
 }
 
@@ -184,11 +244,17 @@ impl Inner {
         let keys = write_locks::request_keys(&op);
         let mut exclusive = keys.is_none();
         let mut lost: Vec<Vec<u8>> = Vec::new();
+        // Every attempt published and refused, with what it answers if it was stored after all
+        // (`sent.rs`): until this write is answered, the replica may still apply one of them.
+        let mut refused: Vec<Attempt> = Vec::new();
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let _guard = match &keys {
                 Some(keys) if !exclusive => inner.locks.keys(keys).await,
                 _ => inner.locks.alone().await,
             };
+            if let Some(done) = self.stored_after_all(&mut refused).await {
+                return Ok(done);
+            }
             let evaluated = inner.evaluate(&op);
             let (applied, base, expect, key_last) = match evaluated {
                 Ok(v) => v,
@@ -197,7 +263,13 @@ impl Inner {
                     synced = true;
                     continue;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // Evaluated on a replica that may hold one of this write's own messages.
+                    return match self.stored_after_all(&mut refused).await {
+                        Some(done) => Ok(done),
+                        None => Err(e),
+                    };
+                }
             };
             if matches!(expect, Expect::Stream(_)) && applied.events.is_some() && !exclusive {
                 // Conditional on the whole stream: evaluate again with this process's other
@@ -211,35 +283,36 @@ impl Inner {
                     synced = true;
                     continue;
                 }
-                return Ok(Revisioned { revision: base, value: applied.response });
+                return Ok(match self.stored_after_all(&mut refused).await {
+                    Some(done) => done,
+                    None => Revisioned { revision: base, value: applied.response },
+                });
             };
             // Never publish from a node that may not write (a Txn that only reads is answered
             // above): on a copy the subject might even reach the origin over a leaf connection.
             if let Some(refusal) = inner.role().refusal() {
                 return Err(refusal);
             }
-            match inner.publish(&ev.events, expect, &key_last).await? {
-                Some(seq) => {
-                    let mut response = applied.response;
-                    if let WriteResponse::Txn(t) = &mut response {
-                        // Evaluated as revision `base + 1`; it landed at `seq`.
-                        t.renumber(base + 1, seq);
-                    }
-                    // Committed. Give the replica a moment to apply it, so that this node's
-                    // next write is evaluated on it (reads wait for it anyway); a slow replica
-                    // does not turn a committed write into an error.
-                    let _ = inner.wait_applied(seq, Duration::from_secs(1)).await;
-                    return Ok(Revisioned { revision: seq, value: response });
-                }
+            let sent = inner.sent.register(&format!("kine-{:016x}", kine_core::id::random_u64()));
+            match inner.publish(&ev.events, expect, &key_last, &sent.id).await? {
+                Some(seq) => return Ok(self.committed(applied.response, base, seq).await),
                 None => {
-                    tracing::debug!("conditional write lost to another writer; evaluating again");
+                    tracing::debug!("conditional write refused (another writer came first?); evaluating again");
+                    let keys: Vec<Vec<u8>> = ev.events.iter().map(|e| e.kv.key.clone()).collect();
+                    refused.push(Attempt { sent, response: applied.response, base });
+                    // Synchronised, the replica holds the write if the refusal was wrong.
                     inner.barrier().await?;
-                    self.find_emptied_keys(&ev.events).await?;
-                    lost = ev.events.iter().map(|e| e.kv.key.clone()).collect();
                     synced = true;
+                    if refused.iter().all(|a| inner.sent.applied_at(&a.sent.id).is_none()) {
+                        self.find_emptied_keys(&keys).await?;
+                    }
+                    lost = keys;
                     continue;
                 }
             }
+        }
+        if let Some(done) = self.stored_after_all(&mut refused).await {
+            return Ok(done);
         }
         for key in lost {
             let newest = inner.table().newest(&key);
@@ -254,6 +327,28 @@ impl Inner {
             }
         }
         Err(unavailable("a write kept conflicting with other writers"))
+    }
+
+    /// The answer of a write stored at `seq`, evaluated at `base`.
+    async fn committed(&self, mut response: WriteResponse, base: Revision, seq: Revision) -> Revisioned<WriteResponse> {
+        if let WriteResponse::Txn(t) = &mut response {
+            // Evaluated as revision `base + 1`; it landed at `seq`.
+            t.renumber(base + 1, seq);
+        }
+        // Committed. Give the replica a moment to apply it, so that this node's next write is
+        // evaluated on it (reads wait for it anyway); a slow replica does not turn a committed
+        // write into an error.
+        let _ = self.wait_applied(seq, Duration::from_secs(1)).await;
+        Revisioned { revision: seq, value: response }
+    }
+
+    /// The answer of a refused attempt that the replica applied after all, if one was.
+    async fn stored_after_all(&self, refused: &mut Vec<Attempt<'_>>) -> Option<Revisioned<WriteResponse>> {
+        let i = refused.iter().position(|a| self.sent.applied_at(&a.sent.id).is_some())?;
+        let a = refused.swap_remove(i);
+        let seq = self.sent.applied_at(&a.sent.id)?;
+        tracing::info!(revision = seq, "a write refused by a stale NATS answer was stored: answered as committed");
+        Some(self.committed(a.response, a.base, seq).await)
     }
 
     /// Does the stream (its leader) hold a message for `key`?
@@ -275,13 +370,12 @@ impl Inner {
     /// leader still catching up after a restart can miss a subject; believing it once dropped a
     /// key's whole history here), and a wrong "empty" costs one more failed expectation, never
     /// a lost update.
-    async fn find_emptied_keys(&self, events: &[kine_core::Event]) -> Result<()> {
+    async fn find_emptied_keys(&self, keys: &[Vec<u8>]) -> Result<()> {
         let deleted: Vec<(Vec<u8>, Revision)> = {
             let t = self.table();
-            events
-                .iter()
-                .filter_map(|e| match t.newest(&e.kv.key) {
-                    Some((rev, true)) => Some((e.kv.key.clone(), rev)),
+            keys.iter()
+                .filter_map(|k| match t.newest(k) {
+                    Some((rev, true)) => Some((k.clone(), rev)),
                     _ => None,
                 })
                 .collect()
