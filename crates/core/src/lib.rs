@@ -5,6 +5,7 @@
 pub mod alarm;
 pub mod backend;
 pub mod compactor;
+pub mod duration;
 pub mod error;
 pub mod health;
 pub mod id;

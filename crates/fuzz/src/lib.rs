@@ -4,7 +4,9 @@
 //! seed and regression input through them in the ordinary test suite.
 
 mod grpc;
+mod http;
 pub use grpc::grpc;
+pub use http::{http, http_exchange};
 
 use std::time::Duration;
 

@@ -36,6 +36,25 @@ fn grpc_inputs() {
 }
 
 #[test]
+fn http_inputs() {
+    replay("http", kine_fuzz::http);
+    // The harness reaches the handler: real answers come back over the pipe.
+    let answer = |request: &str| String::from_utf8_lossy(&kine_fuzz::http_exchange(request.as_bytes())).into_owned();
+    let metrics = answer("GET /metrics HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n");
+    assert!(
+        metrics.starts_with("HTTP/1.1 200 OK") && metrics.contains("etcd_debugging_mvcc_current_revision"),
+        "{metrics}"
+    );
+    let health = answer("GET /health HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n");
+    assert!(health.starts_with("HTTP/1.1 200 OK") && health.ends_with(r#"{"health":"true","reason":""}"#), "{health}");
+    let bad = answer("GET /health?lag=soon HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n");
+    assert!(bad.starts_with("HTTP/1.1 400 Bad Request") && bad.contains("lag=soon"), "{bad}");
+    let post = answer("POST /metrics HTTP/1.1\r\nHost: k\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    assert!(post.starts_with("HTTP/1.1 405 Method Not Allowed"), "{post}");
+    assert!(answer("garbage\r\n\r\n").starts_with("HTTP/1.1 400"), "hyper refuses what is not HTTP");
+}
+
+#[test]
 fn endpoint_inputs() {
     replay("endpoints", kine_fuzz::endpoints);
 }

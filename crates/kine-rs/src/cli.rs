@@ -1,7 +1,7 @@
 //! Command-line flags, compatible with kine's names; each also reads a `KINE_*` variable.
 
-use crate::duration;
 use clap::Parser;
+use kine_core::duration;
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -130,7 +130,7 @@ pub fn parse(endpoint: &str) -> Result<Endpoint, String> {
             Ok(Endpoint::Memory)
         }
         "nats" => {
-            let cfg = kine_backend_nats::config::parse(endpoint, crate::duration::parse)?;
+            let cfg = kine_backend_nats::config::parse(endpoint, kine_core::duration::parse)?;
             check_nats(endpoint, &cfg)?;
             Ok(Endpoint::Nats(Box::new(cfg)))
         }

@@ -2,7 +2,6 @@
 
 mod app;
 mod cli;
-mod duration;
 #[cfg(feature = "embedded-nats")]
 mod embedded;
 mod endpoint;

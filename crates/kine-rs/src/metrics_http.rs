@@ -4,13 +4,8 @@
 //! service's status in step with the same check.
 
 use anyhow::{Context, Result, bail};
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use kine_core::alarm::AlarmKind;
 use kine_core::health;
-use kine_core::metrics::metrics;
 use kine_core::shutdown::Shutdown;
 use kine_core::store::Store;
 use std::path::Path;
@@ -78,7 +73,7 @@ pub async fn serve(
         };
         let (store, tls) = (store.clone(), tls.clone());
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| handle(store.clone(), req));
+            let service = hyper::service::service_fn(move |req| kine_server::http::handle(store.clone(), req));
             let http = hyper::server::conn::http1::Builder::new();
             let served = match tls {
                 Some(tls) => match tls.accept(stream).await {
@@ -95,111 +90,6 @@ pub async fn serve(
             }
         });
     }
-}
-
-fn response(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    if let Ok(v) = content_type.parse() {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
-}
-
-async fn handle(store: Arc<Store>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
-    let path = req.uri().path();
-    if path != "/metrics" && path != "/health" {
-        return Ok(response(StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "404 page not found\n".into()));
-    }
-    if req.method() != Method::GET {
-        let mut r =
-            response(StatusCode::METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", "Method Not Allowed\n".into());
-        r.headers_mut().insert(hyper::header::ALLOW, hyper::header::HeaderValue::from_static("GET"));
-        return Ok(r);
-    }
-    Ok(if path == "/metrics" {
-        refresh(&store).await;
-        response(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", kine_core::metrics::render())
-    } else {
-        health_response(&store, req.uri().query().unwrap_or_default()).await
-    })
-}
-
-/// Reads the datastore's gauges (revisions, size, leases) for a scrape; a datastore that does
-/// not answer leaves the last values.
-async fn refresh(store: &Store) {
-    let limit = Duration::from_secs(2);
-    let backend = store.backend();
-    // Through the metered backend, these calls set the revision and size gauges.
-    let _ = tokio::time::timeout(limit, backend.revisions()).await;
-    let _ = tokio::time::timeout(limit, backend.status()).await;
-    let m = metrics();
-    m.leases_alive.set(store.lease_list().len() as i64);
-    m.is_learner.set(i64::from(backend.role().is_learner()));
-    if let Some(r) = backend.replication() {
-        m.copy_lag_revisions.set(r.lag_revisions);
-        m.copy_lag_seconds.set(r.lag_seconds);
-        m.copy_link_up.set(i64::from(r.link_up));
-        m.copy_last_contact_seconds.set(r.last_contact_seconds.unwrap_or(-1.0));
-    }
-}
-
-/// etcd's `/health`: `{"health":"true","reason":""}` (200), or `"false"` with the reason (503).
-/// `?exclude=NOSPACE` ignores that alarm; `?serializable=true` reads without the linearizable
-/// barrier. kine-rs's own: on a read-only copy, `?lag=10s` / `?lag_revisions=1000` fail when the
-/// copy is further behind its origin than that, or its link is down (400 for a bad value).
-async fn health_response(store: &Store, query: &str) -> Response<Full<Bytes>> {
-    let mut exclude = Vec::new();
-    let mut serializable = false;
-    let mut lag = health::LagLimit::default();
-    for (name, value) in query.split('&').filter_map(|p| p.split_once('=')) {
-        match (name, value) {
-            ("exclude", "NOSPACE") => exclude.push(AlarmKind::NoSpace),
-            ("exclude", "CORRUPT") => exclude.push(AlarmKind::Corrupt),
-            ("serializable", "true") => serializable = true,
-            ("lag", v) => match crate::duration::parse(v) {
-                Ok(d) => lag.seconds = Some(d),
-                Err(e) => return bad_request(&format!("lag={v}: {e} (a duration such as 10s)")),
-            },
-            ("lag_revisions", v) => match v.parse::<i64>() {
-                Ok(n) if n >= 0 => lag.revisions = Some(n),
-                _ => return bad_request(&format!("lag_revisions={v}: not a whole number of revisions")),
-            },
-            _ => {}
-        }
-    }
-    match health::check(store, &exclude, serializable, lag).await {
-        Ok(()) => {
-            metrics().health_success.inc();
-            response(StatusCode::OK, "text/plain; charset=utf-8", r#"{"health":"true","reason":""}"#.into())
-        }
-        Err(reason) => {
-            metrics().health_failures.inc();
-            tracing::debug!(reason, "health check failed");
-            let body = format!("{{\"health\":\"false\",\"reason\":{}}}\n", json_string(&reason));
-            response(StatusCode::SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", body)
-        }
-    }
-}
-
-fn bad_request(why: &str) -> Response<Full<Bytes>> {
-    response(StatusCode::BAD_REQUEST, "text/plain; charset=utf-8", format!("{why}\n"))
-}
-
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// Keeps the gRPC health service's status for "" in step with the health check.
@@ -233,10 +123,5 @@ mod tests {
         assert_eq!(super::address("127.0.0.1:9").unwrap().as_deref(), Some("127.0.0.1:9"));
         assert_eq!(super::address("0").unwrap(), None);
         assert!(super::address("nowhere").is_err());
-    }
-
-    #[test]
-    fn json_strings_are_escaped() {
-        assert_eq!(super::json_string("RANGE ERROR:a \"b\"\n"), r#""RANGE ERROR:a \"b\"\n""#);
     }
 }

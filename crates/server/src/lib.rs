@@ -8,6 +8,7 @@ mod convert;
 mod emulation;
 pub mod error;
 mod grpc_metrics;
+pub mod http;
 mod kv;
 mod lease;
 mod maintenance;

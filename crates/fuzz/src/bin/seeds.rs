@@ -110,6 +110,22 @@ fn main() {
         write(dir, "endpoints", &format!("url{i}"), url.as_bytes());
     }
 
+    // Requests to the metrics listener, as Prometheus, a load balancer and curl send them.
+    for (i, request) in [
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAccept: text/plain;version=0.0.4\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: k\r\n\r\nGET /health?serializable=true HTTP/1.1\r\nHost: k\r\n\r\n",
+        "GET /health?exclude=NOSPACE&exclude=CORRUPT&lag=1m30s&lag_revisions=1000 HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n",
+        "GET /health?lag=5&lag_revisions=-1 HTTP/1.0\r\n\r\n",
+        "POST /health HTTP/1.1\r\nHost: k\r\nContent-Length: 5\r\n\r\nhello",
+        "PUT /metrics HTTP/1.1\r\nHost: k\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "GET /debug/pprof HTTP/1.1\r\nHost: k\r\n\r\n",
+    ]
+    .iter()
+    .enumerate()
+    {
+        write(dir, "http", &format!("request{i}"), request.as_bytes());
+    }
+
     let messages: [&str; 4] = [
         "$KV.kine.L3JlZ2lzdHJ5L2E\nKine-Create: 2\nKine-Version: 1\n\nvalue",
         "$KV.kine.L3JlZ2lzdHJ5L2E\nKine-Create: 2\nKine-Version: 3\nKine-Lease: 7\nKine-Batch: 1/2\n\nv",

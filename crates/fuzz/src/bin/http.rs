@@ -1,0 +1,4 @@
+//! `cargo afl fuzz` target; see crates/fuzz and scripts/fuzz.
+fn main() {
+    afl::fuzz!(|data: &[u8]| kine_fuzz::http(data));
+}
