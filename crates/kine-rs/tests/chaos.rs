@@ -164,7 +164,8 @@ async fn an_embedded_nats_node_is_partitioned_from_the_others() {
     let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
     let nats = (0..3).map(|i| format!("nats://{}:4222", lab.data_ip(i))).collect();
     let partition = Partition { lab: lab.clone(), node: 0, what: "embedded NATS node 0 from nodes 1 and 2".into() };
-    let mut fault = LeaderThenCut { partition, nats, leaders: vec!["kine-0", "kine-1"], round: 0 };
+    let credentials = Some(("kine", "chaos"));
+    let mut fault = LeaderThenCut { partition, nats, credentials, leaders: vec!["kine-0", "kine-1"], round: 0 };
     let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
     held(&report, || nodes.iter().map(Server::log).collect());
     drop(nodes);
@@ -175,6 +176,7 @@ async fn an_embedded_nats_node_is_partitioned_from_the_others() {
 struct LeaderThenCut {
     partition: Partition,
     nats: Vec<String>,
+    credentials: Option<(&'static str, &'static str)>,
     leaders: Vec<&'static str>,
     round: usize,
 }
@@ -186,9 +188,9 @@ impl Fault for LeaderThenCut {
     fn inject(&mut self) -> anyhow::Result<()> {
         let leader = self.leaders[self.round % self.leaders.len()];
         self.round += 1;
-        let nats = self.nats.clone();
+        let (nats, credentials) = (self.nats.clone(), self.credentials);
         tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current().block_on(place_leader(&nats, "KV_chaos", leader))
+            tokio::runtime::Handle::current().block_on(place_leader(&nats, credentials, "KV_chaos", leader))
         })?;
         self.partition.inject()
     }
@@ -199,13 +201,19 @@ impl Fault for LeaderThenCut {
 
 /// Moves `stream`'s leader to the server named `leader` (a stepdown with a preferred server)
 /// and waits until it leads.
-async fn place_leader(servers: &[String], stream: &str, leader: &str) -> anyhow::Result<()> {
+async fn place_leader(
+    servers: &[String],
+    credentials: Option<(&str, &str)>,
+    stream: &str,
+    leader: &str,
+) -> anyhow::Result<()> {
     use anyhow::Context;
     let addrs = servers.iter().map(|s| s.parse::<async_nats::ServerAddr>()).collect::<Result<Vec<_>, _>>()?;
-    let client = async_nats::ConnectOptions::with_user_and_password("kine".into(), "chaos".into())
-        .connect(addrs)
-        .await
-        .with_context(|| format!("connect to {servers:?}"))?;
+    let options = match credentials {
+        Some((user, password)) => async_nats::ConnectOptions::with_user_and_password(user.into(), password.into()),
+        None => async_nats::ConnectOptions::new(),
+    };
+    let client = options.connect(addrs).await.with_context(|| format!("connect to {servers:?}"))?;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let info = client.request(format!("$JS.API.STREAM.INFO.{stream}"), "".into()).await.context("STREAM.INFO")?;
@@ -255,7 +263,8 @@ impl Drop for Child {
 }
 
 /// Three external nats-servers, each in a namespace with its kine-rs; one server is cut off
-/// from the other two (its kine-rs still reaches it over loopback, its clients reach the node).
+/// from the other two (its kine-rs still reaches it over loopback, its clients reach the node),
+/// the stream leader placed on it before the first cut and on another before the second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_external_nats_server_is_partitioned_from_the_others() {
     let lab = Arc::new(Lab::new(3).expect("the network namespaces"));
@@ -279,7 +288,9 @@ async fn an_external_nats_server_is_partitioned_from_the_others() {
     }
     let nodes = start_in_namespaces(&lab, vec!["nats://127.0.0.1:4222?noEmbed&bucket=chaos&replicas=3".into(); 3]);
     let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
-    let mut fault = Partition { lab: lab.clone(), node: 0, what: "external nats-server 0 from servers 1 and 2".into() };
+    let partition = Partition { lab: lab.clone(), node: 0, what: "external nats-server 0 from servers 1 and 2".into() };
+    let nats = (0..3).map(|i| format!("nats://{}:4222", lab.data_ip(i))).collect();
+    let mut fault = LeaderThenCut { partition, nats, credentials: None, leaders: vec!["n0", "n1"], round: 0 };
     let report = run(&endpoints, Workload::default(), &mut fault, schedule()).await.expect("the run");
     held(&report, || {
         let mut logs: String = nodes.iter().map(Server::log).collect();
