@@ -143,8 +143,13 @@ impl Inner {
         let expect = if expired { seen } else { None };
         match tokio::time::timeout(NATS_TIMEOUT, inner.meta.delete_expect_revision(&key, expect)).await {
             Ok(Ok(())) => {}
-            // Renewed or revoked by another node meanwhile: not ours to revoke.
-            Ok(Err(e)) if expired && e.kind() == jetstream::kv::DeleteErrorKind::WrongLastRevision => {
+            // Renewed or revoked by another node meanwhile (or that node's revoke is still in
+            // flight: the replicated stream's variant, 10164): not ours to revoke.
+            Ok(Err(e))
+                if expired
+                    && (e.kind() == jetstream::kv::DeleteErrorKind::WrongLastRevision
+                        || e.to_string().contains("wrong last sequence")) =>
+            {
                 return Err(Error::LeaseNotFound);
             }
             Ok(Err(e)) => return Err(unavailable(format!("revoke lease: {e}"))),
