@@ -31,11 +31,7 @@ static HARNESS: OnceLock<Harness> = OnceLock::new();
 
 fn harness() -> &'static Harness {
     HARNESS.get_or_init(|| {
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            hook(info);
-            std::process::abort();
-        }));
+        crate::abort_on_panic();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let channel = runtime.block_on(async {
             let backend = Arc::new(MemoryBackend::new());

@@ -20,12 +20,7 @@ static HARNESS: OnceLock<Harness> = OnceLock::new();
 
 fn harness() -> &'static Harness {
     HARNESS.get_or_init(|| {
-        // A panic in the connection's task would only end that task: abort, so that it is seen.
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            hook(info);
-            std::process::abort();
-        }));
+        crate::abort_on_panic();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let store = runtime.block_on(async {
             Store::open(Arc::new(MemoryBackend::new()), StoreOptions::default()).await.expect("a memory store")

@@ -10,6 +10,16 @@ pub use http::{http, http_exchange};
 
 use std::time::Duration;
 
+/// A panic in a task of its own would only end that task (a closed stream, a dropped
+/// connection): the targets that serve in tasks abort instead, so that the fuzzer sees it.
+fn abort_on_panic() {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        hook(info);
+        std::process::abort();
+    }));
+}
+
 /// An endpoint URL or DSN as a user types it (`--endpoint`): the NATS URL parser and the MySQL
 /// DSN parser (and its redaction for logs).
 pub fn endpoints(data: &[u8]) {
