@@ -120,12 +120,9 @@ impl Shared {
         self.leased(contact).then_some(last)
     }
 
-    /// One round: the server in this process answers if it leads the stream, else the leader
-    /// over NATS (any other answer is asked for again meanwhile).
+    /// One round: the leader over NATS (the server in this process was asked first, by
+    /// `immediate`); an answer without the lease is asked for again meanwhile.
     async fn ask(&self) -> Answer {
-        if let Some(last) = self.local_answer() {
-            return Ok(last);
-        }
         let state = if self.copy.load(Ordering::Relaxed) {
             leader::stream_state(&self.js, &self.name).await
         } else {
