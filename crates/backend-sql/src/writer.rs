@@ -134,6 +134,15 @@ pub fn failed_in_database(e: &Error) -> bool {
     matches!(e, Error::Backend(_) | Error::Unavailable(_) | Error::NoSpace | Error::Corrupt)
 }
 
+/// `e` as etcd's NOSPACE when `full` recognises the database's "out of disk space" in it (the
+/// store then raises the alarm); any other error unchanged.
+pub fn no_space_if(e: Error, full: impl Fn(&anyhow::Error) -> bool) -> Error {
+    match e {
+        Error::Backend(inner) if full(&inner) => Error::NoSpace,
+        other => other,
+    }
+}
+
 /// State shared between the writer thread and the async side.
 pub struct Shared {
     pub current: AtomicI64,
@@ -276,8 +285,5 @@ fn disk_full(e: &anyhow::Error) -> bool {
 }
 
 fn no_space(e: Error) -> Error {
-    match e {
-        Error::Backend(inner) if disk_full(&inner) => Error::NoSpace,
-        other => other,
-    }
+    no_space_if(e, disk_full)
 }

@@ -6,12 +6,19 @@
 //! The embedded NATS server on a small disk reaches JetStream's storage limit (75% of the disk)
 //! first: the same NOSPACE, and compaction — which must work on a full store — makes room.
 //!
+//! PostgreSQL and MariaDB keep their write-ahead logs on a disk with room, and the tables on the
+//! small disk (a tablespace; a database directory): the database refuses to grow the tables
+//! with its "disk full" error (SQLSTATE 53100; MariaDB 1114 "The table is full"), which
+//! kine-rs turns into the same NOSPACE.
+//!
 //! Needs root (a tmpfs mount); fails, not skips, without it.
 
 mod common;
 use common::*;
 use etcd_client::{Client, GetOptions, WatchOptions};
 use kine_chaos::SmallDisk;
+use kine_testkit::mysql::MariaDbServer;
+use kine_testkit::postgres::PgServer;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -111,7 +118,7 @@ struct OnSmallDisk {
 }
 
 impl OnSmallDisk {
-    async fn start(name: &str, size_mib: u64, endpoint: impl Fn(&Path) -> String) -> OnSmallDisk {
+    async fn start(name: &str, size_mib: u64, endpoint: impl FnOnce(&Path) -> String) -> OnSmallDisk {
         let parent = TempDir::new(name);
         let disk = SmallDisk::mount(parent.path(), size_mib).expect("a small file system");
         let endpoint = endpoint(&disk.path);
@@ -133,9 +140,10 @@ impl OnSmallDisk {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
-    let mut run = OnSmallDisk::start("disk-full", 24, |d| format!("sqlite://{}", d.join("state.db").display())).await;
+/// The episode on a datastore whose tables fill the small disk: a few writes, the disk filled
+/// by another file, writes until refused with NOSPACE, reads and watches still served, space
+/// freed, writes refused until `etcdctl alarm disarm`, then accepted; nothing lost, in order.
+async fn full_disk_episode(mut run: OnSmallDisk) {
     let (disk, client) = (&run.disk, &mut run.client);
     let mut acked = BTreeMap::new();
 
@@ -169,6 +177,45 @@ async fn sqlite_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
     delivered_everything(&mut replay, "replay", newest, &acked).await;
 
     run.restart_and_check(&acked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
+    let run = OnSmallDisk::start("disk-full", 24, |d| format!("sqlite://{}", d.join("state.db").display())).await;
+    full_disk_episode(run).await;
+}
+
+/// The server's user owns `dir` (a database server refuses a directory it does not own).
+fn give(dir: &Path, user: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).expect("chown the small disk");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_tablespace_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
+    let pg = PgServer::start();
+    let run = OnSmallDisk::start("pg-full", 24, |d| {
+        give(d, pg.os_user());
+        pg.sql("postgres", &format!("CREATE TABLESPACE small LOCATION '{}'", d.display()));
+        pg.sql("postgres", "CREATE DATABASE kine TABLESPACE small");
+        pg.url("kine")
+    })
+    .await;
+    full_disk_episode(run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_database_on_a_full_disk_raises_nospace_and_recovers_after_disarm() {
+    let db = MariaDbServer::start();
+    let run = OnSmallDisk::start("mariadb-full", 24, |d| {
+        // A database is a directory of the data directory: this one is on the small disk.
+        give(d, db.os_user());
+        std::os::unix::fs::symlink(d, db.data_dir().join("kine")).expect("link the database directory");
+        db.url("kine")
+    })
+    .await;
+    full_disk_episode(run).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

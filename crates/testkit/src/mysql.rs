@@ -206,6 +206,17 @@ impl MariaDbServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The uid and gid the server runs as when it is not this process's user (as root: the
+    /// `mysql` user), for files it must own.
+    pub fn os_user(&self) -> Option<(u32, u32)> {
+        self.mysql
+    }
+
+    /// The server's data directory (a database is a directory in it).
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
     /// Stops the server cleanly (SIGTERM: MariaDB's normal shutdown, waited for up to a minute,
     /// then SIGKILL). Its data stays for [`MariaDbServer::restart`].
     pub fn stop(&mut self) {

@@ -186,6 +186,12 @@ impl PgServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The uid and gid the server runs as when it is not this process's user (as root: the
+    /// `postgres` user), for files it must own (a tablespace directory).
+    pub fn os_user(&self) -> Option<(u32, u32)> {
+        self.user
+    }
+
     /// The postmaster's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

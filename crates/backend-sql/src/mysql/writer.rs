@@ -11,7 +11,7 @@ use super::feed::Nudge;
 use super::view::MyView;
 use super::{Connector, Role, connection_lost, schema, unavailable};
 use crate::remote::Shared;
-use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, with_savepoints_if_needed};
+use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, no_space_if, with_savepoints_if_needed};
 use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
@@ -112,12 +112,13 @@ fn write_batch(
             // This node's feed publishes the events (of every node, in revision order).
             nudge.wake();
             for ((_, reply), result) in batch.into_iter().zip(results) {
-                let _ = reply.send(result);
+                let _ = reply.send(result.map_err(|e| no_space_if(e, disk_full)));
             }
             false
         }
         Err(e) => {
             let lost = connection_lost(&e);
+            let full = disk_full(&e);
             if !lost {
                 let _ = c.query_drop("ROLLBACK");
                 tracing::error!(error = format!("{e:#}"), "MySQL write batch failed; nothing was written");
@@ -126,6 +127,8 @@ fn write_batch(
             for (_, reply) in batch {
                 let _ = reply.send(Err(if lost {
                     Error::Unavailable(format!("MySQL: {text}"))
+                } else if full {
+                    Error::NoSpace
                 } else {
                     Error::Backend(anyhow::anyhow!("{text}"))
                 }));
@@ -133,6 +136,17 @@ fn write_batch(
             lost
         }
     }
+}
+
+/// MySQL's and MariaDB's "out of disk space": the table is full (1114, InnoDB could not extend
+/// its file), disk full (1021), or the storage engine's errno 28, ENOSPC (1030).
+fn disk_full(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| match c.downcast_ref::<mysql::Error>() {
+        Some(mysql::Error::MySqlError(m)) => {
+            matches!(m.code, 1114 | 1021) || (m.code == 1030 && m.message.contains("error 28 "))
+        }
+        _ => false,
+    })
 }
 
 /// Runs `ops` in one transaction and commits it. With `savepoints`, each request runs in a

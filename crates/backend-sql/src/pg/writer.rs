@@ -10,7 +10,7 @@ use super::conn::{Conn, Sql};
 use super::schema;
 use super::view::PgView;
 use super::{Connector, Shared};
-use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, with_savepoints_if_needed};
+use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, no_space_if, with_savepoints_if_needed};
 use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
@@ -98,12 +98,13 @@ fn write_batch(conn: &mut Conn, shared: &Shared, batch: Vec<(WriteOp, Reply<Revi
         Ok(results) => {
             // This node's feed publishes the events (of every node, in revision order).
             for ((_, reply), result) in batch.into_iter().zip(results) {
-                let _ = reply.send(result);
+                let _ = reply.send(result.map_err(|e| no_space_if(e, disk_full)));
             }
         }
         Err(e) => {
             let text = format!("{e:#}");
             let closed = conn.is_closed();
+            let full = disk_full(&e);
             if !closed {
                 tracing::error!(error = %text, "PostgreSQL write batch failed; nothing was written");
                 // Leaves no transaction open (after a failed COMMIT there is none: a warning).
@@ -112,12 +113,22 @@ fn write_batch(conn: &mut Conn, shared: &Shared, batch: Vec<(WriteOp, Reply<Revi
             for (_, reply) in batch {
                 let _ = reply.send(Err(if closed {
                     Error::Unavailable(format!("PostgreSQL: {text}"))
+                } else if full {
+                    Error::NoSpace
                 } else {
                     Error::Backend(anyhow::anyhow!("{text}"))
                 }));
             }
         }
     }
+}
+
+/// PostgreSQL's `disk_full` (SQLSTATE 53100): the disk holding the tables (or their tablespace)
+/// is full. (A full WAL disk is not an error a request sees: PostgreSQL stops.)
+fn disk_full(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<postgres::Error>().and_then(|p| p.code()) == Some(&postgres::error::SqlState::DISK_FULL)
+    })
 }
 
 /// Runs `ops` in one transaction and commits it. With `savepoints`, each request runs in a
