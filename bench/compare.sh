@@ -176,11 +176,14 @@ workloads=(
     "--workload get --clients 16 --keys $keys"
     "--workload get --clients 256 --keys $keys"
     "--workload create --shape k8s --clients 16"
+    "--workload create --clients 16"
+    "--workload create --clients 64"
     "--workload cas --shape k8s --clients 16 --keys $keys"
     "--workload list --shape k8s --clients 1 --keys $keys --limit 500"
     "--workload list --shape k8s --clients 16 --keys $keys --limit 500"
     "--workload count --shape k8s --clients 1 --keys $keys"
     "--workload watch --watchers 1000 --clients 10 --rate 200"
+    "--workload replay --events 100000 --keys 1000"
 )
 failed=0
 for round in $(seq "$rounds"); do

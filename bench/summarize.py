@@ -13,7 +13,8 @@ rounds for each run kind (workload, shape, clients, keys, watchers) and system (
 
 Ratios are of ops/s (higher is better). For `watch` runs, ops/s is the events delivered per
 second, fixed by the writer's rate times the watchers unless events were missed; compare their
-latencies instead."""
+latencies instead. For `replay` runs an operation is a whole replay of the history written
+first: ops/s is replays per second, the latency a replay's time."""
 import argparse
 import math
 import statistics

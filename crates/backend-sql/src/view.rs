@@ -220,7 +220,9 @@ impl WriteView for SqlView<'_> {
     }
 }
 
-/// Committed events in `range` with `after < revision <= until`, each with its previous version.
+/// Committed events in `range` with `after < revision <= until`, each with its previous version:
+/// the key's newest row before the event's revision, one index seek per event (searching all of
+/// the key's earlier rows made a replay quadratic in the versions of a key).
 pub fn events(
     conn: &Connection,
     range: &KeyRange,
@@ -234,10 +236,9 @@ pub fn events(
         "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted,
                 p.key, p.create_revision, p.mod_revision, p.version, p.lease, p.value, p.deleted
          FROM kv e
-         LEFT JOIN kv p ON p.key = e.key AND p.mod_revision < e.mod_revision
-              AND NOT EXISTS (SELECT 1 FROM kv q WHERE q.key = e.key
-                              AND (q.mod_revision, q.sub) > (p.mod_revision, p.sub)
-                              AND q.mod_revision < e.mod_revision)
+         LEFT JOIN kv p ON p.rowid = (
+             SELECT q.rowid FROM kv q WHERE q.key = e.key AND q.mod_revision < e.mod_revision
+             ORDER BY q.mod_revision DESC, q.sub DESC LIMIT 1)
          WHERE e.mod_revision > ? AND e.mod_revision <= ? AND {cond}
          ORDER BY e.mod_revision, e.sub"
     );

@@ -14,6 +14,7 @@
 
 mod failover;
 mod keys;
+mod replay;
 mod server;
 mod stats;
 mod watch;
@@ -59,6 +60,10 @@ enum Workload {
     /// promoted; reports the time to the promotion and to its first write, and the
     /// acknowledged writes it lost.
     Failover,
+    /// `--events` updates over `--keys` keys, then watches from the first of them on the
+    /// prefix (with previous values) until every event arrived: a reflector resuming from an
+    /// old revision; an operation is a whole replay, `items` the events (flat shape only).
+    Replay,
 }
 
 /// The name clap gives a value on the command line (`k8s`, `cas`).
@@ -126,6 +131,9 @@ struct Args {
     /// `watch` and `failover`: writer connections sharing `--rate`.
     #[arg(long, default_value_t = 1)]
     writers: u64,
+    /// `replay`: the events written, then replayed.
+    #[arg(long, default_value_t = 100_000)]
+    events: u64,
     /// `failover`: the origin's process, killed with SIGKILL after `--seconds`.
     #[arg(long)]
     origin_pid: Option<u32>,
@@ -152,7 +160,7 @@ impl Args {
             );
         }
         ensure!(self.limit > 0 || self.workload != Workload::List, "--limit must be at least 1");
-        if matches!(self.workload, Workload::Put | Workload::Watch | Workload::Failover) {
+        if matches!(self.workload, Workload::Put | Workload::Watch | Workload::Failover | Workload::Replay) {
             ensure!(
                 self.shape == Shape::Flat,
                 "--shape {} does not apply to {} (use create for Kubernetes-shaped writes)",
@@ -167,6 +175,9 @@ impl Args {
         if self.workload == Workload::Failover {
             ensure!(self.write_endpoint.is_some(), "failover needs --write-endpoint (the origin)");
             ensure!(self.origin_pid.is_some(), "failover needs --origin-pid (the origin's process, killed)");
+        }
+        if self.workload == Workload::Replay {
+            ensure!(self.events > 0 && self.keys > 0, "replay needs --events and --keys of at least 1");
         }
         if self.workload == Workload::Watch {
             ensure!(self.watchers > 0, "--watchers must be at least 1");
@@ -221,6 +232,12 @@ async fn main() -> Result<()> {
         );
         return Ok(());
     }
+    let history = if args.workload == Workload::Replay {
+        let mut c = first.clone();
+        Some(replay::write(&args.endpoint, &mut c, args.events, args.keys, args.value_bytes, params.run).await?)
+    } else {
+        None
+    };
     let mut clients = Vec::new();
     for _ in 0..args.clients {
         clients.push(connect(&args.endpoint).await?);
@@ -244,6 +261,10 @@ async fn main() -> Result<()> {
             extra.push_str(&format!(" behind_p50_revs={} behind_p99_revs={}", at(0.5), at(0.99)));
         }
         (o.stats, o.elapsed, extra)
+    } else if let Some(history) = &history {
+        let (mut stats, elapsed) = replay::run(&mut first.clone(), history, args.seconds).await?;
+        let per_s = history.events as f64 / stats.percentile_ms(1.0).max(f64::MIN_POSITIVE) * 1000.0;
+        (stats, elapsed, format!(" events={} slowest_events_per_s={per_s:.0}", history.events))
     } else {
         let (stats, elapsed) = run_clients(args.workload, clients, &params, args.seconds).await?;
         (stats, elapsed, String::new())
@@ -257,7 +278,7 @@ async fn main() -> Result<()> {
         name(args.workload),
         name(args.shape),
         args.clients,
-        if args.workload.reads_keys() { args.keys } else { 0 },
+        if args.workload.reads_keys() || args.workload == Workload::Replay { args.keys } else { 0 },
         match args.shape {
             Shape::Flat => args.value_bytes.to_string(),
             Shape::K8s => format!("{}-{}", keys::K8S_VALUE_BYTES.start(), keys::K8S_VALUE_BYTES.end()),
@@ -270,7 +291,7 @@ async fn main() -> Result<()> {
         stats.errors,
         stats.conflicts,
     );
-    if matches!(args.workload, Workload::ListAll | Workload::StreamAll) {
+    if matches!(args.workload, Workload::ListAll | Workload::StreamAll | Workload::Replay) {
         line.push_str(&format!(" items={}", stats.items));
     }
     if let (Some(b), Some(a)) = (before, after) {
@@ -319,7 +340,9 @@ async fn run_clients(
             Workload::Count => tokio::spawn(workload::count(c, id, p, deadline)),
             Workload::ListAll => tokio::spawn(workload::list_all(c, id, p, deadline)),
             Workload::StreamAll => tokio::spawn(workload::stream_all(c, id, p, deadline)),
-            Workload::Load | Workload::Watch | Workload::Failover => unreachable!("handled by the caller"),
+            Workload::Load | Workload::Watch | Workload::Failover | Workload::Replay => {
+                unreachable!("handled by the caller")
+            }
         });
     }
     let mut stats = Stats::default();

@@ -28,6 +28,9 @@ fn bad_input_is_refused_with_a_clear_message() {
         (&["--workload", "list", "--limit", "0"], "--limit must be at least 1"),
         (&["--workload", "get", "--clients", "0"], "--clients must be at least 1"),
         (&["--workload", "get", "--seconds", "0"], "--seconds must be a number more than 0"),
+        (&["--workload", "replay", "--events", "0"], "replay needs --events and --keys of at least 1"),
+        (&["--workload", "replay", "--keys", "0"], "replay needs --events and --keys of at least 1"),
+        (&["--workload", "replay", "--shape", "k8s"], "--shape k8s does not apply to replay"),
     ] {
         let stderr = refused(args);
         assert!(stderr.contains(message), "{args:?}: {stderr}");

@@ -257,7 +257,8 @@ pub fn get(
     Ok(kine_core::request::Revisioned { revision: current, value })
 }
 
-/// Committed events in `range` with `after < revision <= until`, each with its previous version.
+/// Committed events in `range` with `after < revision <= until`, each with its previous version
+/// (the key's newest row before the event's revision: one index seek per event).
 pub fn events(
     client: &mut impl Sql,
     range: &KeyRange,
@@ -271,10 +272,9 @@ pub fn events(
         "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted,
                 p.key, p.create_revision, p.mod_revision, p.version, p.lease, p.value, p.deleted
          FROM kv e
-         LEFT JOIN kv p ON p.key = e.key AND p.mod_revision < e.mod_revision
-              AND NOT EXISTS (SELECT 1 FROM kv q WHERE q.key = e.key
-                              AND (q.mod_revision, q.sub) > (p.mod_revision, p.sub)
-                              AND q.mod_revision < e.mod_revision)
+         LEFT JOIN LATERAL (
+             SELECT * FROM kv q WHERE q.key = e.key AND q.mod_revision < e.mod_revision
+             ORDER BY q.mod_revision DESC, q.sub DESC LIMIT 1) p ON true
          WHERE e.mod_revision > {a} AND e.mod_revision <= {u} AND {cond}
          ORDER BY e.mod_revision, e.sub"
     );
