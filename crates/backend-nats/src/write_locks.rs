@@ -55,7 +55,9 @@ impl WriteLocks {
 }
 
 /// The single keys a write reads or writes, or `None` if it touches a range (then it runs
-/// alone).
+/// alone). Whether the write is then published conditional on those keys alone is decided once
+/// it is evaluated (`write.rs`): a write that ran a Range is conditional on the whole stream,
+/// and evaluated again with nothing else of this process in flight.
 pub fn request_keys(op: &WriteOp) -> Option<BTreeSet<Vec<u8>>> {
     fn txn(req: &TxnRequest, keys: &mut BTreeSet<Vec<u8>>) -> bool {
         for c in &req.compare {
@@ -66,7 +68,14 @@ pub fn request_keys(op: &WriteOp) -> Option<BTreeSet<Vec<u8>>> {
         }
         for op in req.success.iter().chain(&req.failure) {
             match op {
-                RequestOp::Range(_) => return false,
+                // A read of one key (kube-apiserver's create: `If mod_revision(k) == 0 Then
+                // Put(k) Else Get(k)`) needs only that key's lock; a read of a range runs alone.
+                RequestOp::Range(r) => {
+                    if r.range.end != RangeEnd::Single {
+                        return false;
+                    }
+                    keys.insert(r.range.start.clone());
+                }
                 RequestOp::Put(p) => {
                     keys.insert(p.key.clone());
                 }
@@ -109,7 +118,14 @@ mod tests {
         assert_eq!(keys.into_iter().collect::<Vec<_>>(), vec![b"a".to_vec(), b"b".to_vec()]);
         let range = KeyRange::from_etcd(b"a".to_vec(), b"b".to_vec());
         assert!(t(vec![RequestOp::DeleteRange(DeleteRangeRequest { range: range.clone(), prev_kv: false })]).is_none());
-        assert!(t(vec![RequestOp::Range(RangeRequest::new(KeyRange::single("a")))]).is_none());
+        assert!(t(vec![RequestOp::Range(RangeRequest::new(range))]).is_none());
+        // kube-apiserver's create: one key, whichever branch runs.
+        let create = request_keys(&WriteOp::Txn(TxnRequest {
+            compare: vec![],
+            success: vec![put("a")],
+            failure: vec![RequestOp::Range(RangeRequest::new(KeyRange::single("a")))],
+        }));
+        assert_eq!(create.unwrap().into_iter().collect::<Vec<_>>(), vec![b"a".to_vec()]);
         assert!(request_keys(&WriteOp::LeaseRevoke { id: 1, expired: false }).is_none());
     }
 
