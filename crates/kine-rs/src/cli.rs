@@ -38,8 +38,20 @@ pub struct Cli {
     #[arg(long, env = "KINE_LISTEN_ADDRESS", default_value = "0.0.0.0:2379")]
     pub listen_address: String,
 
-    /// Datastore: sqlite://PATH (default ./db/state.db when empty) or memory://
-    #[arg(long, env = "KINE_ENDPOINT", default_value = "")]
+    /// Datastore URL (empty: SQLite at ./db/state.db); `--help` lists every form
+    ///
+    /// Forms:
+    ///   (empty)                      SQLite at ./db/state.db
+    ///   sqlite://PATH                SQLite at PATH
+    ///   memory://                    in memory; nothing survives a restart
+    ///   postgres://USER:PASS@HOST:PORT/DB[?sslmode=…]   PostgreSQL (or postgresql://)
+    ///   mysql://USER:PASS@tcp(HOST:PORT)/DB             MySQL/MariaDB (or mysql://USER:PASS@HOST:PORT/DB)
+    ///   nats://[?dataDir=…&serverConfig=…]              NATS JetStream on the nats-server embedded
+    ///                                                   in this process (cargo feature embedded-nats)
+    ///   nats://HOST:PORT[,nats://HOST2:PORT]?noEmbed    NATS JetStream on an external server or cluster
+    ///   nats://…?bucket=COPY&mirror=BUCKET              a read-only copy of another kine-rs bucket
+    /// Parameters of each: README.md ("Backends"), docs/sql.md, docs/nats.md.
+    #[arg(long, env = "KINE_ENDPOINT", default_value = "", verbatim_doc_comment)]
     pub endpoint: String,
 
     /// CA file for verifying the datastore's TLS certificate (network datastores)

@@ -266,6 +266,15 @@ fn version_names_commit_and_features() {
     assert!(out.contains("embedded-nats"), "{out}");
 }
 
+#[test]
+fn help_lists_every_endpoint_form() {
+    let (ok, out, _) = run(std::process::Command::new(server_bin()).arg("--help"));
+    assert!(ok);
+    for form in ["sqlite://", "memory://", "postgres://", "mysql://", "nats://", "?noEmbed", "mirror="] {
+        assert!(out.contains(form), "--help does not name {form}:\n{out}");
+    }
+}
+
 #[tokio::test]
 async fn slow_operations_are_logged_once_with_their_keys() {
     let (server, _dir) = sqlite_server(&["--slow-sql-threshold", "1ns", "--slow-sql-warning-threshold", "0"]);
