@@ -68,7 +68,7 @@ pub fn request_keys(op: &WriteOp) -> Option<BTreeSet<Vec<u8>>> {
         }
         for op in req.success.iter().chain(&req.failure) {
             match op {
-                // A read of one key (kube-apiserver's create: `If mod_revision(k) == 0 Then
+                // A read of one key (kube-apiserver's update: `If mod_revision(k) == r Then
                 // Put(k) Else Get(k)`) needs only that key's lock; a read of a range runs alone.
                 RequestOp::Range(r) => {
                     if r.range.end != RangeEnd::Single {
@@ -119,7 +119,7 @@ mod tests {
         let range = KeyRange::from_etcd(b"a".to_vec(), b"b".to_vec());
         assert!(t(vec![RequestOp::DeleteRange(DeleteRangeRequest { range: range.clone(), prev_kv: false })]).is_none());
         assert!(t(vec![RequestOp::Range(RangeRequest::new(range))]).is_none());
-        // kube-apiserver's create: one key, whichever branch runs.
+        // kube-apiserver's update: one key, whichever branch runs.
         let create = request_keys(&WriteOp::Txn(TxnRequest {
             compare: vec![],
             success: vec![put("a")],
