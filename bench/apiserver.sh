@@ -15,8 +15,8 @@
 # Needs: target/release/kine-rs (cargo build --release -p kine-rs); etcd-3.7, nats-server and
 # kube-apiserver-1.37.2 in $(go env GOPATH)/bin (scripts/install-test-deps); Go kine (installed
 # with `go install` when missing); Debian's postgresql and mariadb-server; openssl, python3.
-# Output: target/bench/apiserver-<time>/runs.log (the report lines), the logs next to it, and
-# summary.md (the tables).
+# Output: target/bench/apiserver-<time>/runs.log (the report lines), the logs next to it,
+# summary.md (the tables) and the charts (bench/charts.py: apiserver-*.svg).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=1 objects=500 namespaces=10 clients=16 watchers=10
@@ -165,4 +165,5 @@ for round in $(seq "$rounds"); do
     done
 done
 python3 bench/summarize-apiserver.py <"$runs" | tee "$out/summary.md"
-echo "apiserver.sh: report lines in $runs, tables in $out/summary.md"
+python3 bench/charts.py apiserver "$runs" "$out"
+echo "apiserver.sh: report lines in $runs, tables in $out/summary.md, charts (SVG) in $out"

@@ -44,7 +44,8 @@
 # kine-rs -p kine-rs-bench); etcd-3.6 and nats-server in $(go env GOPATH)/bin
 # (scripts/install-test-deps); Debian's postgresql and mariadb-server; Go kine (installed with
 # `go install` when missing). Output: report lines in target/bench/compare-<time>/runs.log
-# (server logs next to it), then the tables, also in summary.md there.
+# (server logs next to it), then the tables, also in summary.md there, and the charts
+# (bench/charts.py: etcd-api-*.svg) next to them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A run with no successful operation reports so on stderr; a backtrace adds nothing there.
@@ -216,6 +217,7 @@ echo
 bench/summarize.py --baseline etcd \
     --pair kine-rs-sqlite=kine-sqlite,kine-rs-nats=kine-nats,kine-rs-postgres=kine-postgres,kine-rs-mysql=kine-mysql,kine-rs-nats-embedded=kine-nats-embedded \
     <"$runs" | tee "$out/summary.md"
+python3 bench/charts.py etcd-api "$runs" "$out"
 echo
-echo "compare.sh: report lines in $runs, tables in $out/summary.md"
+echo "compare.sh: report lines in $runs, tables in $out/summary.md, charts (SVG) in $out"
 [[ $failed == 0 ]] || die "$failed run(s) failed (# FAILED lines in $runs)"

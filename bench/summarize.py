@@ -13,7 +13,7 @@ rounds for each run kind (workload, shape, clients, keys, watchers) and system (
 
 Ratios are of ops/s (higher is better). For `watch` runs, ops/s is the events delivered per
 second, fixed by the writer's rate times the watchers unless events were missed; compare their
-latencies instead. For `replay` runs an operation is a whole replay of the history written
+latencies instead (with slow clients, the latencies of the connections that kept reading). For `replay` runs an operation is a whole replay of the history written
 first: ops/s is replays per second, the latency a replay's time."""
 import argparse
 import math
@@ -45,7 +45,10 @@ def parse(lines):
         if not line.startswith("label="):
             continue
         f = dict(kv.split("=", 1) for kv in line.split())
-        kind = (f["workload"], f.get("shape", "flat"), int(f["clients"]), int(f["keys"]), int(f.get("watchers", 0)))
+        variant = ", ".join(
+            v for v in ("own keys" if f.get("watch_on") == "key" else "",
+                        f"{f['slow_clients']} slow connections" if int(f.get("slow_clients", 0)) else "") if v)
+        kind = (f["workload"], f.get("shape", "flat"), int(f["clients"]), int(f["keys"]), int(f.get("watchers", 0)), variant)
         values = {k: float(f.get(k, "nan")) for k in FIELDS}
         if int(f["ops"]) == 0:
             values.update({k: math.nan for k in PER_OP})
@@ -67,13 +70,14 @@ def medians(rounds):
 
 
 def describe(kind):
-    workload, shape, clients, keys, watchers = kind
+    workload, shape, clients, keys, watchers, variant = kind
     what = f"{workload}, {watchers:,} watchers" if workload == "watch" else workload
+    what += f" ({variant})" if variant else ""
     return f"{what} | {shape} | {clients} | {f'{keys:,}' if keys else '—'}"
 
 
 def order(runs):
-    return sorted(runs, key=lambda k: (k[0], k[1], k[3], k[4], k[2]))
+    return sorted(runs, key=lambda k: (k[0], k[1], k[3], k[4], k[2], k[5]))
 
 
 def ratio(m, label, other):

@@ -57,6 +57,12 @@ run() {
     fi
     ops=$(tr ' ' '\n' <<<"$line" | sed -n 's/^ops=//p')
     errors=$(tr ' ' '\n' <<<"$line" | sed -n 's/^errors=//p')
+    # A run with slow connections: they, too, got every event once they read.
+    slow_events=$(tr ' ' '\n' <<<"$line" | sed -n 's/^slow_events=//p')
+    slow_missed=$(tr ' ' '\n' <<<"$line" | sed -n 's/^slow_missed=//p')
+    if [[ $* == *--slow-clients* && ! ($slow_events =~ ^[0-9]+$ && $slow_events -gt 0 && $slow_missed == 0) ]]; then
+        errors="slow connections: $slow_events delivered, $slow_missed missed"
+    fi
     if [[ $ops =~ ^[0-9]+$ && $ops -gt 0 && $errors == 0 ]]; then
         echo "ok - $line"
     else
@@ -74,6 +80,8 @@ for shape in flat k8s; do
     run --workload count --shape $shape --keys 200
 done
 run --workload watch --watchers 10 --clients 2 --rate 100
+run --workload watch --watch-on key --watchers 20 --clients 4 --rate 100 --writers 2
+run --workload watch --watchers 10 --clients 3 --rate 100 --slow-clients 1
 # Bad input gets an error, not a run.
 if "$bench" --endpoint "$endpoint" --workload watch --watchers 0 2>/dev/null; then
     echo "not ok - --watchers 0 was accepted"

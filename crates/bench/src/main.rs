@@ -6,6 +6,7 @@
 //! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload get --clients 16 --keys 100000
 //! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload list --shape k8s --keys 10000
 //! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload watch --watchers 1000 --clients 10
+//! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload watch --watch-on key --watchers 10000 --clients 100 --rate 1000 --slow-clients 10
 //! kine-rs-bench --endpoint http://COPY --write-endpoint http://ORIGIN --workload watch --rate 2000
 //! kine-rs-bench --endpoint http://COPY --write-endpoint http://ORIGIN --workload failover --origin-pid PID
 //! ```
@@ -49,11 +50,13 @@ enum Workload {
     /// The whole preloaded prefix through one RangeStream (etcd 3.7); an operation is a whole
     /// list.
     StreamAll,
-    /// `--watchers` watches on a prefix and one writer at `--rate` puts/s; reports event
-    /// delivery: ops = events delivered, latency = delivery latency; events not delivered 5 s
-    /// after the last put count as errors (flat shape only). With `--write-endpoint`, the
-    /// puts go there (a read-only copy's origin) and the report adds how many revisions behind
-    /// the writers each event arrived.
+    /// `--watchers` watches (on a prefix, or each on its own key: `--watch-on`) and writers at
+    /// `--rate` puts/s; reports event delivery: ops = events delivered, latency = delivery
+    /// latency; events not delivered 5 s after the last put count as errors (flat shape only).
+    /// With `--write-endpoint`, the puts go there (a read-only copy's origin) and the report
+    /// adds how many revisions behind the writers each event arrived. With `--slow-clients`,
+    /// that many connections do not read until the writers stop; their events are reported
+    /// apart (slow_events, slow_missed).
     Watch,
     /// A read-only copy's failover: `--writers` put new keys on `--write-endpoint` (the origin)
     /// at `--rate` for `--seconds`, then `--origin-pid` is killed and the copy (`--endpoint`)
@@ -124,6 +127,13 @@ struct Args {
     /// `watch`: puts per second of the writer.
     #[arg(long, default_value_t = 200)]
     rate: u64,
+    /// `watch`: every watch on one prefix (each event reaches all) or each on a key of its own
+    /// (each event reaches one).
+    #[arg(long, value_enum, default_value = "prefix")]
+    watch_on: watch::On,
+    /// `watch`: connections that stop reading while the writers write.
+    #[arg(long, default_value_t = 0)]
+    slow_clients: u64,
     /// `watch` and `failover`: where the writers write (a read-only copy's origin); `--endpoint`
     /// by default.
     #[arg(long)]
@@ -182,6 +192,13 @@ impl Args {
         if self.workload == Workload::Watch {
             ensure!(self.watchers > 0, "--watchers must be at least 1");
             ensure!(self.watchers >= self.clients, "--watchers must be at least --clients (each connection watches)");
+            ensure!(
+                self.slow_clients < self.clients,
+                "--slow-clients must be fewer than --clients (someone must read)"
+            );
+        } else {
+            ensure!(self.slow_clients == 0, "--slow-clients applies to watch only");
+            ensure!(self.watch_on == watch::On::Prefix, "--watch-on applies to watch only");
         }
         Ok(())
     }
@@ -250,8 +267,21 @@ async fn main() -> Result<()> {
     let rss_before = args.server_pid.and_then(server::rss_mib);
     let (mut stats, elapsed, extra) = if args.workload == Workload::Watch {
         let writers = writers(&args).await?;
-        let o = watch::run(clients, writers, args.watchers, args.rate, args.value_bytes, args.seconds).await?;
-        let mut extra = format!(" watchers={} rate={} puts={}", args.watchers, args.rate, o.puts);
+        let layout = watch::Layout { watchers: args.watchers, on: args.watch_on, slow: args.slow_clients };
+        let o =
+            watch::run(clients, writers, layout, args.rate, args.value_bytes, args.seconds, args.server_pid).await?;
+        let mut extra =
+            format!(" watchers={} watch_on={} rate={} puts={}", args.watchers, name(args.watch_on), args.rate, o.puts);
+        if args.slow_clients > 0 {
+            extra.push_str(&format!(
+                " slow_clients={} slow_events={} slow_missed={}",
+                args.slow_clients, o.slow_delivered, o.slow_missed
+            ));
+        }
+        if let (Some(with), Some(before)) = (o.rss_with_watches_mib, rss_before) {
+            let per = (with - before) * 1024.0 / args.watchers as f64;
+            extra.push_str(&format!(" server_rss_watches_mib={with:.1} server_kib_per_watcher={per:.2}"));
+        }
         if args.write_endpoint.is_some() {
             let mut behind = o.behind;
             behind.sort_unstable();

@@ -31,6 +31,12 @@ fn bad_input_is_refused_with_a_clear_message() {
         (&["--workload", "replay", "--events", "0"], "replay needs --events and --keys of at least 1"),
         (&["--workload", "replay", "--keys", "0"], "replay needs --events and --keys of at least 1"),
         (&["--workload", "replay", "--shape", "k8s"], "--shape k8s does not apply to replay"),
+        (
+            &["--workload", "watch", "--clients", "2", "--slow-clients", "2"],
+            "--slow-clients must be fewer than --clients",
+        ),
+        (&["--workload", "get", "--slow-clients", "1"], "--slow-clients applies to watch only"),
+        (&["--workload", "put", "--watch-on", "key"], "--watch-on applies to watch only"),
     ] {
         let stderr = refused(args);
         assert!(stderr.contains(message), "{args:?}: {stderr}");
