@@ -24,7 +24,8 @@ One line per phase, key=value (bench/summarize-apiserver.py reads them):
 and a line phase=watch with the delivery delays (ops: events delivered; errors: events
 missing, of watchers × (creates + updates)). cpu_s is the CPU time the datastore's
 processes (`--pids` and their children: kine-rs, Go kine, etcd, nats-server, PostgreSQL,
-MariaDB) used during the phase, rss_mib their resident memory at its end.
+MariaDB) used during the phase, rss_mib their resident memory at its end; with
+--apiserver-pid, apiserver_cpu_s is kube-apiserver's own CPU time in the phase.
 """
 import argparse
 import http.client
@@ -54,6 +55,7 @@ def parse():
     p.add_argument("--watchers", type=int, default=10)
     p.add_argument("--lists", type=int, default=5)
     p.add_argument("--pids", default="")
+    p.add_argument("--apiserver-pid", type=int, help="kube-apiserver's process: its CPU per phase is reported too")
     a = p.parse_args()
     for name in ("namespaces", "objects", "clients", "rate", "lists"):
         if getattr(a, name) < 1:
@@ -152,6 +154,7 @@ class Phase:
     def run(self, items, work, rate=None):
         pids = [int(p) for p in self.args.pids.split(",") if p]
         cpu0, _ = usage(pids)
+        api0 = usage([self.args.apiserver_pid])[0] if self.args.apiserver_pid else 0.0
         q = queue.Queue()
         started = time.monotonic()
 
@@ -186,15 +189,16 @@ class Phase:
             t.join()
         seconds = time.monotonic() - started
         cpu1, rss = usage(pids)
-        report(self.args, self.name, self.latencies, self.errors, seconds, cpu1 - cpu0, rss)
+        api = usage([self.args.apiserver_pid])[0] - api0 if self.args.apiserver_pid else None
+        report(self.args, self.name, self.latencies, self.errors, seconds, cpu1 - cpu0, rss, api)
 
 
-def report(args, phase, latencies, errors, seconds, cpu, rss):
+def report(args, phase, latencies, errors, seconds, cpu, rss, apiserver_cpu=None):
     ms = [x * 1000 for x in latencies]
     print(
         f"label={args.label} phase={phase} ops={len(ms)} seconds={seconds:.2f} ops_per_s={len(ms) / seconds:.1f} "
         f"p50_ms={percentile(ms, 0.5):.2f} p99_ms={percentile(ms, 0.99):.2f} errors={errors} "
-        f"cpu_s={cpu:.2f} rss_mib={rss:.1f}",
+        f"cpu_s={cpu:.2f} rss_mib={rss:.1f}" + ("" if apiserver_cpu is None else f" apiserver_cpu_s={apiserver_cpu:.2f}"),
         flush=True,
     )
 

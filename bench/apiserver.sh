@@ -61,11 +61,17 @@ mkdir -p "$out"
 runs=$out/runs.log
 work=$(mktemp -d /tmp/kine-rs-apibench.XXXXXX)
 pids=()
+# Stops the processes started, newest first (kube-apiserver before its datastore: without one
+# its graceful shutdown waits for it), each with SIGTERM and after 15 s SIGKILL.
 stop_all() {
-    if [[ ${#pids[@]} -gt 0 ]]; then
-        kill "${pids[@]}" 2>/dev/null || true
-        wait "${pids[@]}" 2>/dev/null || true
-    fi
+    local i p
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+        p=${pids[i]}
+        kill "$p" 2>/dev/null || continue
+        for _ in $(seq 150); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
     pids=()
 }
 source scripts/pg-throwaway.sh
@@ -135,7 +141,7 @@ start_apiserver() {
         --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$work/sa.key" \
         --service-account-signing-key-file="$work/sa.key" --service-cluster-ip-range=10.96.0.0/24 \
         --endpoint-reconciler-type=none --profiling=false >"$out/$1-apiserver.log" 2>&1 &
-    pids+=($!)
+    pids+=($!) apiserver_pid=$!
     for _ in $(seq 240); do
         python3 - "$work/serving.crt" "$token" <<'EOF' 2>/dev/null && return 0
 import ssl, sys, urllib.request
@@ -159,7 +165,7 @@ for round in $(seq "$rounds"); do
         sleep 2
         python3 bench/apiserver-load.py --server https://127.0.0.1:23943 --ca "$work/serving.crt" --token "$token" \
             --label "$system" --namespaces "$namespaces" --objects "$objects" --clients "$clients" \
-            --watchers "$watchers" --pids "$store_pids" | tee -a "$runs" || say "# FAILED: $system round $round"
+            --watchers "$watchers" --pids "$store_pids" --apiserver-pid "$apiserver_pid" | tee -a "$runs" || say "# FAILED: $system round $round"
         stop_store "$system"
         rm -rf "$dir"
     done

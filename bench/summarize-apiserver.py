@@ -28,7 +28,7 @@ def parse(lines):
 
 
 def med(runs, phase, label, field):
-    values = [r[field] for r in runs.get((phase, label), []) if not math.isnan(r[field])]
+    values = [r[field] for r in runs.get((phase, label), []) if not math.isnan(r.get(field, math.nan))]
     return statistics.median(values) if values else math.nan
 
 
@@ -66,6 +66,9 @@ def main():
     table("Datastore CPU seconds in the phase / resident MiB at its end", ["phase"] + labels,
           [[p] + [f"{fmt(med(runs, p, l, 'cpu_s'), 2)} / {fmt(med(runs, p, l, 'rss_mib'), 0)}" for l in labels]
            for p in phases if p != "watch"])
+    if any("apiserver_cpu_s" in r for rs in runs.values() for r in rs):
+        table("kube-apiserver's own CPU seconds in the phase", ["phase"] + labels,
+              [[p] + [fmt(med(runs, p, l, "apiserver_cpu_s"), 2) for l in labels] for p in phases if p != "watch"])
     if "etcd" in labels:
         others = [l for l in labels if l != "etcd"]
         table("Against etcd (× etcd; ops/s, or 1/p50 for " + ", ".join(sorted(BY_LATENCY)) + ")", ["phase"] + others,

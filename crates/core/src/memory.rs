@@ -291,7 +291,9 @@ impl WriteView for MemTable {
             EventKind::Put => Some(event.kv.clone()),
             EventKind::Delete => None,
         };
-        self.keys.entry(event.kv.key.clone()).or_default().push((rev, version));
+        // Most keys hold one version: a new history gets room for exactly one (a Vec's first
+        // push would reserve four, 350 bytes per key of a large key space).
+        self.keys.entry(event.kv.key.clone()).or_insert_with(|| Vec::with_capacity(1)).push((rev, version));
         Ok(())
     }
 }
