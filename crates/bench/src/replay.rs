@@ -2,7 +2,7 @@
 //! since then, as a reflector or an etcd client resuming after a restart does (`etcdctl watch
 //! --rev`). `--events` updates are written first, spread over `--keys` keys (so each key has
 //! events / keys versions: a long history per key, as Kubernetes objects updated for a while
-//! have), by 64 connections; then, until `--seconds` have passed (at least once), one watch on
+//! have), by 64 connections (each key by one of them); then, until `--seconds` have passed (at least once), one watch on
 //! the prefix from the first of those revisions, with previous values as kube-apiserver asks,
 //! receives every one of them. An operation is a whole replay; its latency is the replay's time.
 
@@ -41,10 +41,11 @@ pub async fn write(
         let mut c = Client::connect([endpoint], None).await.with_context(|| format!("connect to {endpoint}"))?;
         let (prefix, value) = (prefix.clone(), "x".repeat(value_bytes));
         tasks.push(tokio::spawn(async move {
-            let mut i = w;
-            while i < events {
+            // Event i updates key i % keys; each key has one writer (Go kine fails puts of one
+            // key from several connections at once with "required revision is a future
+            // revision").
+            for i in (0..events).filter(|i| (i % keys) % WRITERS == w) {
                 c.put(format!("{prefix}{:08}", i % keys), value.as_str(), None).await?;
-                i += WRITERS;
             }
             anyhow::Ok(())
         }));

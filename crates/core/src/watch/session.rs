@@ -1,20 +1,13 @@
-//! Watch fan-out: one session per client watch stream, fed by the backend's live feed.
-//!
-//! Each watch remembers `next`, the first revision it has not delivered yet, and the session
-//! remembers `pos`, the newest revision it knows to be committed. A watch is *synced* when
-//! `next > pos`: it has delivered every event up to `pos`. Synced watches are served from the
-//! live feed; the others (a start revision in the past, or a feed that lagged) read the gap from
-//! backend history in windows until they are synced. So a slow client is never dropped: it just
-//! catches up from history. Progress notifications report `pos` only while every watch is
-//! synced, so they never claim a revision whose events were not delivered.
+//! One watch stream's state: its watches, its position on the live feed, catch-up from
+//! history and progress notifications (the rules are in the module above).
 
+use super::index::Followers;
+use super::{BROADCAST_WATCH_ID, WatchCreate, WatchRequest, WatchResponse};
 use crate::backend::Backend;
 use crate::error::Error;
-use crate::shutdown::Shutdown;
 use crate::types::{Event, EventKind, KeyRange, Revision, RevisionEvents};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 
 /// Revisions read from history per catch-up step.
@@ -22,71 +15,13 @@ const CATCH_UP_WINDOW: Revision = 1000;
 /// Event payload bytes gathered into one catch-up response before it is sent.
 const RESPONSE_BYTES: usize = 1 << 20;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchCreate {
-    /// 0 lets the server choose.
-    pub watch_id: i64,
-    pub range: KeyRange,
-    /// 0 means "from now".
-    pub start_revision: Revision,
-    pub prev_kv: bool,
-    pub progress_notify: bool,
-    pub no_put: bool,
-    pub no_delete: bool,
-    pub fragment: bool,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WatchRequest {
-    Create(WatchCreate),
-    Cancel(i64),
-    Progress,
-}
-
-/// Watch id of a progress notification that answers a progress request for the whole stream.
-pub const BROADCAST_WATCH_ID: i64 = -1;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WatchResponse {
-    Created {
-        watch_id: i64,
-        revision: Revision,
-    },
-    /// The create was refused: etcd answers with a created-and-canceled response.
-    Rejected {
-        watch_id: i64,
-        revision: Revision,
-        reason: String,
-    },
-    Events {
-        watch_id: i64,
-        revision: Revision,
-        events: Vec<Event>,
-        fragment: bool,
-    },
-    Progress {
-        watch_id: i64,
-        revision: Revision,
-    },
-    Canceled {
-        watch_id: i64,
-        revision: Revision,
-        compact_revision: Revision,
-        reason: String,
-    },
-}
-
-#[derive(Clone, Debug)]
-pub struct WatchOptions {
-    /// Period of progress notifications for watches created with `progress_notify`.
-    pub progress_interval: Duration,
-}
-
 struct Watch {
     range: KeyRange,
     /// The start revision asked for (0: from now).
     start: Revision,
+    /// The first revision not delivered yet; while `following`, `pos + 1` instead.
     next: Revision,
+    following: bool,
     prev_kv: bool,
     progress_notify: bool,
     no_put: bool,
@@ -102,80 +37,28 @@ impl Watch {
             .iter()
             .filter(|e| self.range.contains(&e.kv.key))
             .filter(|e| !(self.no_put && e.kind == EventKind::Put || self.no_delete && e.kind == EventKind::Delete))
-            .map(|e| {
-                let mut e = e.clone();
-                if !self.prev_kv {
-                    e.prev_kv = None;
-                }
-                e
+            .map(|e| Event {
+                kind: e.kind,
+                kv: e.kv.clone(),
+                // Not cloned at all unless asked for.
+                prev_kv: if self.prev_kv { e.prev_kv.clone() } else { None },
             })
             .collect()
     }
 }
 
-/// Runs one watch stream until the client goes away or shutdown. `requests` closing ends it.
-pub async fn run_session(
-    backend: Arc<dyn Backend>,
-    options: WatchOptions,
-    mut requests: mpsc::Receiver<WatchRequest>,
-    out: mpsc::Sender<WatchResponse>,
-    mut shutdown: Shutdown,
-) {
-    // Subscribe before reading the revision: nothing committed after `pos` can be missed.
-    let feed = backend.subscribe();
-    let pos = match backend.revisions().await {
-        Ok(r) => r.current,
-        Err(e) => {
-            tracing::debug!(error = %e, "watch session cannot start");
-            return;
-        }
-    };
-    crate::metrics::metrics().watch_streams.inc();
-    let mut session = Session {
-        backend,
-        feed,
-        pos,
-        watches: BTreeMap::new(),
-        next_id: 0,
-        last_header: 0,
-        progress_target: None,
-        tick_target: None,
-        out,
-    };
-    let mut ticker = tokio::time::interval(options.progress_interval);
-    ticker.tick().await;
-    loop {
-        let unsynced = session.first_unsynced();
-        let result = tokio::select! {
-            biased;
-            _ = shutdown.wait() => return,
-            req = requests.recv() => match req {
-                Some(req) => session.handle(req).await,
-                None => return,
-            },
-            item = session.feed.recv() => session.on_feed(item).await,
-            _ = ticker.tick() => session.on_tick().await,
-            _ = std::future::ready(()), if unsynced.is_some() => {
-                session.catch_up(unsynced.unwrap_or_default()).await
-            }
-        };
-        if result.is_err() {
-            return; // the client is gone
-        }
-        if session.flush_progress().await.is_err() {
-            return;
-        }
-    }
-}
-
 /// The client stopped listening.
-struct Gone;
+pub(super) struct Gone;
 
-struct Session {
+pub(super) struct Session {
     backend: Arc<dyn Backend>,
-    feed: broadcast::Receiver<Arc<RevisionEvents>>,
+    pub(super) feed: broadcast::Receiver<Arc<RevisionEvents>>,
     pos: Revision,
     watches: BTreeMap<i64, Watch>,
+    /// The watches following the feed, by what they watch.
+    followers: Followers,
+    /// The other watches (their own `next`).
+    explicit: BTreeSet<i64>,
     next_id: i64,
     /// Header revisions on a stream never go backwards.
     last_header: Revision,
@@ -196,12 +79,63 @@ impl Drop for Session {
 }
 
 impl Session {
+    pub(super) fn new(
+        backend: Arc<dyn Backend>,
+        feed: broadcast::Receiver<Arc<RevisionEvents>>,
+        pos: Revision,
+        out: mpsc::Sender<WatchResponse>,
+    ) -> Session {
+        Session {
+            backend,
+            feed,
+            pos,
+            watches: BTreeMap::new(),
+            followers: Followers::default(),
+            explicit: BTreeSet::new(),
+            next_id: 0,
+            last_header: 0,
+            progress_target: None,
+            tick_target: None,
+            out,
+        }
+    }
+
     fn remove_watch(&mut self, id: i64) -> Option<Watch> {
         let removed = self.watches.remove(&id);
-        if removed.is_some() {
+        if let Some(w) = &removed {
             crate::metrics::metrics().watchers.dec();
+            if w.following {
+                self.followers.remove(id, &w.range);
+            } else {
+                self.explicit.remove(&id);
+            }
         }
         removed
+    }
+
+    /// An explicit watch that has delivered everything up to `pos` follows the feed from now.
+    fn follow_if_synced(&mut self, id: i64) {
+        if let Some(w) = self.watches.get_mut(&id)
+            && !w.following
+            && w.next == self.pos + 1
+        {
+            w.following = true;
+            self.explicit.remove(&id);
+            self.followers.insert(id, &w.range);
+        }
+    }
+
+    /// Before `pos` jumps ahead of the feed: every follower keeps `pos + 1` as its own `next`
+    /// (and reads what it missed from history).
+    fn unfollow_all(&mut self) {
+        let next = self.pos + 1;
+        for id in self.followers.take_all() {
+            if let Some(w) = self.watches.get_mut(&id) {
+                w.following = false;
+                w.next = next;
+                self.explicit.insert(id);
+            }
+        }
     }
 
     async fn send(&mut self, mut resp: WatchResponse) -> Result<(), Gone> {
@@ -228,8 +162,13 @@ impl Session {
         self.out.send(resp).await.map_err(|_| Gone)
     }
 
-    fn first_unsynced(&self) -> Option<i64> {
-        self.watches.iter().find(|(_, w)| w.next <= self.pos).map(|(id, _)| *id)
+    pub(super) fn first_unsynced(&self) -> Option<i64> {
+        self.explicit.iter().copied().find(|id| self.watches.get(id).is_some_and(|w| w.next <= self.pos))
+    }
+
+    /// Every watch has delivered every event up to `pos`.
+    fn all_synced(&self) -> bool {
+        self.explicit.iter().all(|id| self.watches.get(id).is_none_or(|w| w.next > self.pos))
     }
 
     async fn current_revision(&self) -> Option<Revision> {
@@ -242,7 +181,7 @@ impl Session {
         }
     }
 
-    async fn handle(&mut self, req: WatchRequest) -> Result<(), Gone> {
+    pub(super) async fn handle(&mut self, req: WatchRequest) -> Result<(), Gone> {
         match req {
             WatchRequest::Create(c) => self.create(c).await,
             WatchRequest::Cancel(id) => {
@@ -264,7 +203,8 @@ impl Session {
                 // (clients such as kube-apiserver ask again).
                 if let Some(rev) = self.current_revision().await
                     && !self.watches.is_empty()
-                    && self.watches.values().all(|w| w.next > self.pos && w.start <= rev)
+                    && self.all_synced()
+                    && self.watches.values().all(|w| w.start <= rev)
                 {
                     self.progress_target = Some(rev);
                 }
@@ -308,6 +248,7 @@ impl Session {
                 range: c.range,
                 start: c.start_revision,
                 next,
+                following: false,
                 prev_kv: c.prev_kv,
                 progress_notify: c.progress_notify,
                 no_put: c.no_put,
@@ -316,6 +257,7 @@ impl Session {
                 idle: true,
             },
         );
+        self.explicit.insert(id);
         Ok(())
     }
 
@@ -327,29 +269,47 @@ impl Session {
         self.send(canceled).await
     }
 
-    async fn on_feed(&mut self, item: Result<Arc<RevisionEvents>, broadcast::error::RecvError>) -> Result<(), Gone> {
+    pub(super) async fn on_feed(
+        &mut self,
+        item: Result<Arc<RevisionEvents>, broadcast::error::RecvError>,
+    ) -> Result<(), Gone> {
         match item {
             Ok(batch) => {
                 let r = batch.revision;
+                if r > self.pos + 1 {
+                    // A gap in the feed: the followers read it from history.
+                    self.unfollow_all();
+                }
+                // Only a watch that has delivered everything before `r` takes it from the feed;
+                // one behind reads it from history, one ahead (future start) skips it. The
+                // followers take it when it is the next revision (`r == pos + 1`).
+                let mut takers = BTreeSet::new();
+                if r == self.pos + 1 {
+                    self.followers.candidates(&batch.events, &mut takers);
+                }
+                let mut advanced = Vec::new();
+                for &id in &self.explicit {
+                    if self.watches.get(&id).is_some_and(|w| w.next == r) {
+                        takers.insert(id);
+                        advanced.push(id);
+                    }
+                }
                 let mut sends = Vec::new();
-                for (id, w) in self.watches.iter_mut() {
-                    // Only a watch that has delivered everything before `r` takes it from the feed;
-                    // one behind reads it from history, one ahead (future start) skips it.
-                    if w.next == r {
+                for id in takers {
+                    let Some(w) = self.watches.get_mut(&id) else { continue };
+                    if !w.following {
                         w.next = r + 1;
-                        let events = w.select(&batch.events);
-                        if !events.is_empty() {
-                            w.idle = false;
-                            sends.push(WatchResponse::Events {
-                                watch_id: *id,
-                                revision: r,
-                                events,
-                                fragment: w.fragment,
-                            });
-                        }
+                    }
+                    let events = w.select(&batch.events);
+                    if !events.is_empty() {
+                        w.idle = false;
+                        sends.push(WatchResponse::Events { watch_id: id, revision: r, events, fragment: w.fragment });
                     }
                 }
                 self.pos = self.pos.max(r);
+                for id in advanced {
+                    self.follow_if_synced(id);
+                }
                 for resp in sends {
                     self.send(resp).await?;
                 }
@@ -359,6 +319,7 @@ impl Session {
                 // Missed revisions are re-read from history by the catch-up path.
                 crate::metrics::metrics().slow_watcher_resyncs.inc();
                 tracing::debug!(missed = n, "watch feed lagged; catching up from history");
+                self.unfollow_all();
                 if let Some(rev) = self.current_revision().await {
                     self.pos = self.pos.max(rev);
                 }
@@ -377,13 +338,15 @@ impl Session {
                     .await?;
                 }
                 self.watches.clear();
+                self.followers.take_all();
+                self.explicit.clear();
                 Err(Gone)
             }
         }
     }
 
     /// Reads one window of history for a watch that is behind.
-    async fn catch_up(&mut self, id: i64) -> Result<(), Gone> {
+    pub(super) async fn catch_up(&mut self, id: i64) -> Result<(), Gone> {
         let Some(w) = self.watches.get(&id) else { return Ok(()) };
         let after = w.next - 1;
         let until = (after + CATCH_UP_WINDOW).min(self.pos);
@@ -413,6 +376,7 @@ impl Session {
                     let revision = self.pos;
                     self.send(WatchResponse::Events { watch_id: id, revision, events, fragment }).await?;
                 }
+                self.follow_if_synced(id);
                 Ok(())
             }
             Err(Error::Compacted { compact_revision }) => self.cancel_compacted(id, compact_revision).await,
@@ -431,7 +395,7 @@ impl Session {
         }
     }
 
-    async fn on_tick(&mut self) -> Result<(), Gone> {
+    pub(super) async fn on_tick(&mut self) -> Result<(), Gone> {
         if self.watches.values().any(|w| w.progress_notify)
             && let Some(rev) = self.current_revision().await
         {
@@ -441,11 +405,11 @@ impl Session {
     }
 
     fn synced_at(&self, target: Revision) -> bool {
-        self.pos >= target && self.watches.values().all(|w| w.next > self.pos)
+        self.pos >= target && self.all_synced()
     }
 
     /// Sends progress notifications whose conditions are now met.
-    async fn flush_progress(&mut self) -> Result<(), Gone> {
+    pub(super) async fn flush_progress(&mut self) -> Result<(), Gone> {
         if let Some(target) = self.progress_target
             && self.synced_at(target)
         {
@@ -460,7 +424,7 @@ impl Session {
             let pos = self.pos;
             let mut due = Vec::new();
             for (id, w) in self.watches.iter_mut() {
-                if w.progress_notify && w.idle && w.next > pos {
+                if w.progress_notify && w.idle && (w.following || w.next > pos) {
                     due.push(*id);
                 }
                 w.idle = true;
