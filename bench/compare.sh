@@ -83,6 +83,7 @@ runs=$out/runs.log
 data=$(mktemp -d /tmp/kine-rs-compare.XXXXXX)
 source scripts/pg-throwaway.sh
 source scripts/mysql-throwaway.sh
+source bench/lib.sh
 pids=()
 cleanup() {
     if [[ ${#pids[@]} -gt 0 ]]; then
@@ -149,12 +150,7 @@ start kine-rs-nats-embedded 23815 "$kine_rs" --listen-address 127.0.0.1:23815 --
 # both shapes, then the idle memory.
 for s in "${systems[@]}"; do
     read -r label port pid <<<"$s"
-    for i in $(seq 300); do
-        kill -0 "$pid" 2>/dev/null || die "$label exited during start-up: $(tail -5 "$out/$label.log")"
-        "$bench" --endpoint "http://127.0.0.1:$port" --workload load --keys 1 2>/dev/null && break
-        [[ $i == 300 ]] && die "$label not serving on port $port within 60 s (log: $out/$label.log)"
-        sleep 0.2
-    done
+    wait_serving "$label" "http://127.0.0.1:$port" "$pid" "$out/$label.log"
     for shape in flat k8s; do
         "$bench" --endpoint "http://127.0.0.1:$port" --workload load --shape $shape --keys $keys
     done

@@ -37,6 +37,7 @@ if [[ " ${systems[*]} " == *" kine-sqlite "* && ! -x $gokine ]]; then
     go install -tags nats github.com/k3s-io/kine@v0.17.5 || die "go install Go kine failed"
 fi
 
+source bench/lib.sh
 out=target/bench/fanout-$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$out"
 runs=$out/runs.log
@@ -72,12 +73,7 @@ for system in "${systems[@]}"; do
     kine-rs-nats-embedded) "$kine_rs" "${listen[@]}" --endpoint "nats://?dataDir=$dir/js" >"$out/$system.log" 2>&1 & ;;
     esac
     pid=$!
-    for i in $(seq 300); do
-        kill -0 "$pid" 2>/dev/null || die "$system exited during start-up: $(tail -5 "$out/$system.log")"
-        "$bench" --endpoint "$url" --workload load --keys 1 2>/dev/null && break
-        [[ $i == 300 ]] && die "$system not serving within 60 s (log: $out/$system.log)"
-        sleep 0.2
-    done
+    wait_serving "$system" "$url" "$pid" "$out/$system.log"
     for w in "--watch-on key --watchers 10000 --clients 100 --rate 1000 --writers 8" \
         "--watchers 1000 --clients 10 --rate 200" "--watchers 1000 --clients 10 --rate 200 --slow-clients 2"; do
         # shellcheck disable=SC2086

@@ -19,19 +19,7 @@ async fn slow_client_catches_up_from_history_after_feed_overflow() {
     let (req_tx, req_rx) = mpsc::channel(8);
     let (out_tx, mut out_rx) = mpsc::channel(1);
     store.watch(req_rx, out_tx, stop);
-    req_tx
-        .send(WatchRequest::Create(WatchCreate {
-            watch_id: 0,
-            range: KeyRange::all(),
-            start_revision: 0,
-            prev_kv: true,
-            progress_notify: false,
-            no_put: false,
-            no_delete: false,
-            fragment: false,
-        }))
-        .await
-        .unwrap();
+    req_tx.send(create(0, KeyRange::all(), 0, true)).await.unwrap();
     assert!(matches!(out_rx.recv().await, Some(WatchResponse::Created { revision: 1, .. })));
     // Far more revisions than the feed holds, while nobody reads.
     let total = 5000;
@@ -87,23 +75,11 @@ async fn watches_of_single_keys_get_their_events_exactly_once_across_overflow_an
     t.now = t.written.last().unwrap().0;
     // Watch w (1..=30) on key w % 10, odd ones from revision 2, even ones from now; watch 31 on
     // the whole prefix, from now.
-    let create = |watch_id: i64, range: KeyRange, start_revision: i64| {
-        WatchRequest::Create(WatchCreate {
-            watch_id,
-            range,
-            start_revision,
-            prev_kv: false,
-            progress_notify: false,
-            no_put: false,
-            no_delete: false,
-            fragment: false,
-        })
-    };
     for w in 1..=30i64 {
         let range = KeyRange::from_etcd(format!("k{}", w % KEYS).into_bytes(), Vec::new());
-        req_tx.send(create(w, range, if w % 2 == 1 { 2 } else { 0 })).await.unwrap();
+        req_tx.send(create(w, range, if w % 2 == 1 { 2 } else { 0 }, false)).await.unwrap();
     }
-    req_tx.send(create(31, KeyRange::from_etcd(b"k".to_vec(), b"l".to_vec()), 0)).await.unwrap();
+    req_tx.send(create(31, KeyRange::from_etcd(b"k".to_vec(), b"l".to_vec()), 0, false)).await.unwrap();
     let mut created = 0;
     while created < 31 {
         match out_rx.recv().await.unwrap() {
@@ -131,6 +107,20 @@ async fn watches_of_single_keys_get_their_events_exactly_once_across_overflow_an
     req_tx.send(WatchRequest::Progress).await.unwrap();
     let last = t.written.last().unwrap().0;
     assert_eq!(out_rx.recv().await.unwrap(), WatchResponse::Progress { watch_id: -1, revision: last });
+}
+
+/// A watch on `range` from `start_revision` (0: now), with every event kind.
+fn create(watch_id: i64, range: KeyRange, start_revision: i64, prev_kv: bool) -> WatchRequest {
+    WatchRequest::Create(WatchCreate {
+        watch_id,
+        range,
+        start_revision,
+        prev_kv,
+        progress_notify: false,
+        no_put: false,
+        no_delete: false,
+        fragment: false,
+    })
 }
 
 const KEYS: i64 = 10;
