@@ -346,6 +346,58 @@ pub async fn events_carry_prev_kv_and_feed_is_ordered(b: Arc<dyn Backend>) {
     assert_eq!(evs.len(), 1);
 }
 
+/// A watch that resumes mid-history (a reflector after a restart): each event's previous
+/// version comes from the window for a key changed twice in it, from before the window for a
+/// key's first change there, and is absent for a deletion's successor.
+pub async fn events_from_mid_history_carry_each_keys_previous_version(b: Arc<dyn Backend>) {
+    mid_history_write(b.clone(), 300).await;
+    mid_history_check(b, 300).await;
+}
+
+fn mid_key(i: i64) -> String {
+    format!("mid/{i:05}")
+}
+
+/// The history of the check above with `keys` keys (a backend's own tests use more, to cross
+/// its batches): three versions of each key, then one key deleted and created again.
+pub async fn mid_history_write(b: Arc<dyn Backend>, keys: i64) {
+    let s = store(b).await;
+    for version in 1..=3 {
+        for i in 0..keys {
+            put(&s, &mid_key(i), &format!("{i}.{version}")).await;
+        }
+    }
+    let last = 1 + 3 * keys;
+    let gone = DeleteRangeRequest { range: KeyRange::single(mid_key(7)), prev_kv: false };
+    assert_eq!(s.delete_range(gone).await.unwrap().revision, last + 1);
+    assert_eq!(put(&s, &mid_key(7), "7.again").await, last + 2);
+}
+
+/// The events of a window starting halfway through the second versions, each with its
+/// previous version.
+pub async fn mid_history_check(b: Arc<dyn Backend>, keys: i64) {
+    // Version v of key i is at revision 2 + (v - 1) * keys + i.
+    let last = 1 + 3 * keys;
+    // Inside the second round: keys from keys / 2 on change twice in the window.
+    let after = 1 + keys + keys / 2;
+    let evs = b.events(&prefix("mid/"), after, last + 2).await.unwrap();
+    assert_eq!(evs.iter().map(|e| e.revision).collect::<Vec<_>>(), (after + 1..=last + 2).collect::<Vec<_>>());
+    for e in evs.iter().flat_map(|r| &r.events) {
+        let i: i64 = std::str::from_utf8(&e.kv.key[4..]).unwrap().parse().unwrap();
+        let prev = e.prev_kv.as_ref().map(|p| String::from_utf8(p.value.clone()).unwrap());
+        let want = match e.kv.mod_revision {
+            r if r == last + 1 => Some("7.3".to_string()),
+            r if r == last + 2 => None,
+            r if r > 1 + 2 * keys => Some(format!("{i}.2")),
+            _ => Some(format!("{i}.1")),
+        };
+        assert_eq!(prev, want, "previous version of the event at {}", e.kv.mod_revision);
+        if let Some(p) = e.prev_kv.as_ref().filter(|_| e.kv.mod_revision <= last) {
+            assert_eq!((p.key.as_slice(), p.mod_revision + keys), (e.kv.key.as_slice(), e.kv.mod_revision));
+        }
+    }
+}
+
 pub async fn txn_is_atomic(b: Arc<dyn Backend>) {
     let s = store(b.clone()).await;
     let t = TxnRequest {
@@ -491,6 +543,7 @@ macro_rules! contract_tests {
             fresh_store_is_revision_one, put_tracks_versions_and_prev_kv,
             txn_compares_every_target, txn_kubernetes_shapes, compact_rev_key_version_cas,
             range_pagination_and_options, historical_reads_and_compaction,
+            events_from_mid_history_carry_each_keys_previous_version,
             txn_is_atomic, put_ignore_value_and_lease, range_stream_parts_are_the_range);
     };
     (@each $make:expr; $($name:ident),*) => {

@@ -7,6 +7,7 @@ use kine_core::view::{ReadView, WriteView};
 use kine_core::{Error, Event, EventKind, KeyRange, KeyValue, LeaseId, RangeEnd, Result, Revision, RevisionEvents};
 use mysql::prelude::Queryable;
 use mysql::{Row, Value};
+use std::collections::HashMap;
 
 /// SQL condition for `column` in `range`, its parameters appended to `args`.
 fn key_condition(args: &mut Vec<Value>, range: &KeyRange, column: &str) -> String {
@@ -245,8 +246,12 @@ pub fn get(
     Ok(kine_core::request::Revisioned { revision: current, value })
 }
 
-/// Committed events in `range` with `after < revision <= until`, each with its previous version
-/// (the key's newest row before the event's revision: one index seek per event).
+/// Committed events in `range` with `after < revision <= until`, each with its previous version.
+/// The window's changes come in one scan of the revision index; a change's previous version is
+/// the window's earlier change of the key, and each key's first change looks up the key's
+/// newest version before the window (one loose index scan for up to 1,000 keys). MariaDB has no LATERAL
+/// join, and its plan for a correlated "previous row" subquery revisits every earlier version
+/// of the key for each event (5,000 events of keys with 100 versions each took 15 s).
 pub fn events(
     conn: &mut impl Queryable,
     range: &KeyRange,
@@ -256,24 +261,41 @@ pub fn events(
     let mut args = vec![Value::Int(after), Value::Int(until)];
     let cond = key_condition(&mut args, range, "e.key");
     let sql = format!(
-        "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted,
-                p.key, p.create_revision, p.mod_revision, p.version, p.lease, p.value, p.deleted
-         FROM kv e
-         LEFT JOIN kv p ON p.key = e.key AND (p.mod_revision, p.sub) = (
-             SELECT q.mod_revision, q.sub FROM kv q WHERE q.key = e.key AND q.mod_revision < e.mod_revision
-             ORDER BY q.mod_revision DESC, q.sub DESC LIMIT 1)
+        "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted
+         FROM kv e FORCE INDEX (PRIMARY)
          WHERE e.mod_revision > ? AND e.mod_revision <= ? AND {cond}
          ORDER BY e.mod_revision, e.sub"
     );
     let rows: Vec<Row> = conn.exec(sql, args).context("run events query")?;
-    let mut out: Vec<RevisionEvents> = Vec::new();
-    for row in &rows {
-        let kv = kv_from_row(row, 0)?;
-        let deleted: bool = column(row, 6)?;
-        let prev_deleted: Option<bool> = column(row, 13)?;
-        let prev =
-            if crate::events::wants_prev(&kv, deleted, prev_deleted) { Some(kv_from_row(row, 7)?) } else { None };
-        crate::events::push(&mut out, kv, deleted, prev);
+    let changes = rows.iter().map(change_from_row).collect::<Result<Vec<_>>>()?;
+    let mut before = HashMap::new();
+    for keys in crate::events::keys_before(&changes).chunks(BEFORE_BATCH) {
+        // Each key's newest revision up to the window (a loose scan of the key index, forced:
+        // with a long history MariaDB prefers to scan the revisions up to the window, 0.28 s
+        // instead of 0.03 s for 1,000 keys at 95 k revisions), then that row; ordered by `sub`
+        // so that the last of one revision's rows wins.
+        let sql = format!(
+            "SELECT e.key, e.create_revision, e.mod_revision, e.version, e.lease, e.value, e.deleted FROM kv e
+             JOIN (SELECT m.key, MAX(m.mod_revision) AS r FROM kv m FORCE INDEX (kv_key_revision)
+                   WHERE m.key IN ({}) AND m.mod_revision <= ? GROUP BY m.key) n
+               ON e.key = n.key AND e.mod_revision = n.r
+             ORDER BY e.sub",
+            vec!["?"; keys.len()].join(", ")
+        );
+        let mut args: Vec<Value> = keys.iter().map(|k| Value::Bytes(k.clone())).collect();
+        args.push(Value::Int(after));
+        let rows: Vec<Row> = conn.exec(sql, args).context("run previous versions query")?;
+        for row in &rows {
+            let change = change_from_row(row)?;
+            before.insert(change.0.key.clone(), change);
+        }
     }
-    Ok(out)
+    Ok(crate::events::assemble(changes, &before))
+}
+
+/// Keys per previous-versions query.
+const BEFORE_BATCH: usize = 1000;
+
+fn change_from_row(row: &Row) -> Result<crate::events::Change> {
+    Ok((kv_from_row(row, 0)?, column(row, 6)?))
 }
