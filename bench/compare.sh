@@ -176,6 +176,7 @@ workloads=(
     "--workload create --clients 16"
     "--workload create --clients 64"
     "--workload cas --shape k8s --clients 16 --keys $keys"
+    "--workload delete --shape k8s --clients 16 --keys 10000"
     "--workload list --shape k8s --clients 1 --keys $keys --limit 500"
     "--workload list --shape k8s --clients 16 --keys $keys --limit 500"
     "--workload count --shape k8s --clients 1 --keys $keys"

@@ -76,6 +76,7 @@ for shape in flat k8s; do
     run --workload create --shape $shape --clients 2
     run --workload get --shape $shape --clients 2 --keys 200
     run --workload cas --shape $shape --clients 2 --keys 200
+    run --workload delete --shape $shape --clients 2 --keys 200
     run --workload list --shape $shape --clients 2 --keys 200 --limit 50
     run --workload count --shape $shape --keys 200
 done

@@ -40,6 +40,10 @@ enum Workload {
     Get,
     /// Get + conditional update (kube-apiserver's optimistic update) of random preloaded keys.
     Cas,
+    /// Deletes of `--keys` keys made before the clock starts: a get, then a Txn deleting only
+    /// if the key's mod revision is the one read (kube-apiserver's delete); the run ends when
+    /// they are gone or at `--seconds`.
+    Delete,
     /// Pages of `--limit` keys of the preloaded prefix.
     List,
     /// Counts of the preloaded prefix.
@@ -186,6 +190,9 @@ impl Args {
             ensure!(self.write_endpoint.is_some(), "failover needs --write-endpoint (the origin)");
             ensure!(self.origin_pid.is_some(), "failover needs --origin-pid (the origin's process, killed)");
         }
+        if self.workload == Workload::Delete {
+            ensure!(self.keys > 0, "--keys must be at least 1 for delete (the keys it creates, then deletes)");
+        }
         if self.workload == Workload::Replay {
             ensure!(self.events > 0 && self.keys > 0, "replay needs --events and --keys of at least 1");
         }
@@ -259,6 +266,17 @@ async fn main() -> Result<()> {
     for _ in 0..args.clients {
         clients.push(connect(&args.endpoint).await?);
     }
+    if args.workload == Workload::Delete {
+        let n = clients.len() as u64;
+        let setup: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .map(|(id, c)| tokio::spawn(workload::delete_setup(c.clone(), id as u64, n, params.clone())))
+            .collect();
+        for t in setup {
+            t.await??;
+        }
+    }
     // The peak resident memory reported is the run's own.
     if let Some(pid) = args.server_pid {
         server::reset_peak(pid);
@@ -308,7 +326,11 @@ async fn main() -> Result<()> {
         name(args.workload),
         name(args.shape),
         args.clients,
-        if args.workload.reads_keys() || args.workload == Workload::Replay { args.keys } else { 0 },
+        if args.workload.reads_keys() || matches!(args.workload, Workload::Replay | Workload::Delete) {
+            args.keys
+        } else {
+            0
+        },
         match args.shape {
             Shape::Flat => args.value_bytes.to_string(),
             Shape::K8s => format!("{}-{}", keys::K8S_VALUE_BYTES.start(), keys::K8S_VALUE_BYTES.end()),
@@ -356,6 +378,7 @@ async fn run_clients(
     params: &Params,
     seconds: f64,
 ) -> Result<(Stats, Duration)> {
+    let count = clients.len() as u64;
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
     let mut tasks = Vec::new();
@@ -366,6 +389,7 @@ async fn run_clients(
             Workload::Create => tokio::spawn(workload::create(c, id, p, deadline)),
             Workload::Get => tokio::spawn(workload::get(c, id, p, deadline)),
             Workload::Cas => tokio::spawn(workload::cas(c, id, p, deadline)),
+            Workload::Delete => tokio::spawn(workload::delete(c, id, count, p, deadline)),
             Workload::List => tokio::spawn(workload::list(c, id, p, deadline)),
             Workload::Count => tokio::spawn(workload::count(c, id, p, deadline)),
             Workload::ListAll => tokio::spawn(workload::list_all(c, id, p, deadline)),

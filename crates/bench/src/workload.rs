@@ -127,6 +127,47 @@ pub async fn cas(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats 
     stats
 }
 
+/// Creates the keys `delete` removes: client `id`'s share of `--keys` new keys (`new_key` of
+/// this run, outside the preloaded prefix), before the clock starts.
+pub async fn delete_setup(mut c: Client, id: u64, clients: u64, p: Params) -> anyhow::Result<()> {
+    let mut i = id;
+    while i < p.keys {
+        c.put(p.shape.new_key(p.run, 0, i), p.value(i, 0), None).await?;
+        i += clients;
+    }
+    Ok(())
+}
+
+/// Deletes of the keys `delete_setup` made, the way kube-apiserver deletes an object: a get,
+/// then a Txn that deletes only if the key's mod revision is still the one read (else gets
+/// it). One operation = both requests; a client stops when its keys are gone.
+pub async fn delete(mut c: Client, id: u64, clients: u64, p: Params, deadline: Instant) -> Stats {
+    let mut stats = Stats::default();
+    let mut i = id;
+    while i < p.keys && Instant::now() < deadline {
+        let k = p.shape.new_key(p.run, 0, i);
+        i += clients;
+        let start = Instant::now();
+        let rev = match c.get(k.as_str(), None).await {
+            Ok(r) => r.kvs().first().map_or(0, |kv| kv.mod_revision()),
+            Err(_) => {
+                stats.errors += 1;
+                continue;
+            }
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(k.as_str(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::delete(k.as_str(), None)])
+            .or_else([TxnOp::get(k.as_str(), None)]);
+        match c.txn(txn).await {
+            // Nobody else touches these keys: a failed compare or a missing key is an error.
+            Ok(r) if r.succeeded() && rev > 0 => stats.record(start.elapsed()),
+            _ => stats.errors += 1,
+        }
+    }
+    stats
+}
+
 /// Paginated reads of the preloaded prefix (`limit` keys a page, from a random key), as
 /// kube-apiserver lists. One operation = one page.
 pub async fn list(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats {

@@ -24,6 +24,7 @@ fn bad_input_is_refused_with_a_clear_message() {
         (&["--workload", "watch", "--shape", "k8s"], "--shape k8s does not apply to watch"),
         (&["--workload", "put", "--shape", "k8s"], "--shape k8s does not apply to put"),
         (&["--workload", "get", "--keys", "0"], "--keys must be at least 1 for get"),
+        (&["--workload", "delete", "--keys", "0"], "--keys must be at least 1 for delete"),
         (&["--workload", "list", "--shape", "k8s", "--keys", "10000001"], "--keys must be at most 10000000"),
         (&["--workload", "list", "--limit", "0"], "--limit must be at least 1"),
         (&["--workload", "get", "--clients", "0"], "--clients must be at least 1"),
