@@ -150,18 +150,8 @@ def etcd_api(path, outdir):
     kinds = summarize.order(runs)
     med = {k: {l: summarize.medians(rs) for l, rs in runs[k].items()} for k in kinds}
     name = {k: summarize.describe(k).replace(" | ", ", ").replace(", —", "").replace(", flat", "") for k in kinds}
-    # Throughput is fixed by the load for watch (rate × watchers) and replay; compare latency.
-    by_latency = {"watch", "replay"}
-
     def ratio(kind, label, base="etcd"):
-        m = med[kind]
-        if label not in m or base not in m:
-            return math.nan
-        if kind[0] in by_latency:
-            a, b = m[label]["p50_ms"], m[base]["p50_ms"]
-            return b / a if a and b and not math.isnan(a) else math.nan
-        b = m[base]["ops_per_s"]
-        return m[label]["ops_per_s"] / b if b else math.nan
+        return summarize.ratio_value(kind, med[kind], label, base)
 
     columns = [l for l in labels if l != "etcd"]
     by_name = {name[k]: k for k in kinds}

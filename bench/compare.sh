@@ -45,7 +45,8 @@
 # (scripts/install-test-deps); Debian's postgresql and mariadb-server; Go kine (installed with
 # `go install` when missing). Output: report lines in target/bench/compare-<time>/runs.log
 # (server logs next to it), then the tables, also in summary.md there, and the charts
-# (bench/charts.py: etcd-api-*.svg) next to them.
+# (bench/charts.py: etcd-api-*.svg) next to them. Exits 2 if a kine-rs run failed; a failed run
+# of etcd or Go kine is reported (a # FAILED line, a closing message) and is one of the results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A run with no successful operation reports so on stderr; a backtrace adds nothing there.
@@ -183,7 +184,7 @@ workloads=(
     "--workload watch --watchers 1000 --clients 10 --rate 200"
     "--workload replay --events 100000 --keys 1000"
 )
-failed=0
+failed=0 peer_failed=0
 for round in $(seq "$rounds"); do
     started=$SECONDS
     for w in "${workloads[@]}"; do
@@ -199,7 +200,7 @@ for round in $(seq "$rounds"); do
                 say "$line"
             else
                 say "# FAILED: $label $w"
-                failed=$((failed + 1))
+                if [[ $label == kine-rs* ]]; then failed=$((failed + 1)); else peer_failed=$((peer_failed + 1)); fi
             fi
         done
     done
@@ -217,4 +218,6 @@ bench/summarize.py --baseline etcd \
 python3 bench/charts.py etcd-api "$runs" "$out"
 echo
 echo "compare.sh: report lines in $runs, tables in $out/summary.md, charts (SVG) in $out"
-[[ $failed == 0 ]] || die "$failed run(s) failed (# FAILED lines in $runs)"
+# A peer's failure is one of the results (Go kine fails every watch replay); kine-rs's is not.
+[[ $peer_failed == 0 ]] || echo "compare.sh: $peer_failed run(s) of etcd or Go kine failed (# FAILED lines in $runs)"
+[[ $failed == 0 ]] || die "$failed run(s) of kine-rs failed (# FAILED lines in $runs)"

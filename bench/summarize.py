@@ -11,10 +11,12 @@ rounds for each run kind (workload, shape, clients, keys, watchers) and system (
         ops/s and a table of the ratios of the A systems. Lines `idle label=X rss_mib=N anon_mib=N` (bench/compare.sh) add a table of
         idle memory.
 
-Ratios are of ops/s (higher is better). For `watch` runs, ops/s is the events delivered per
-second, fixed by the writer's rate times the watchers unless events were missed; compare their
-latencies instead (with slow clients, the latencies of the connections that kept reading). For `replay` runs an operation is a whole replay of the history written
-first: ops/s is replays per second, the latency a replay's time."""
+Ratios are of ops/s (higher is better), except for `watch` and `replay` runs, where they are
+of latency: the other system's p50 divided by this one's. For `watch` runs, ops/s is the
+events delivered per second, fixed by the writer's rate times the watchers unless events were
+missed (with slow clients, the latencies are those of the connections that kept reading). For
+`replay` runs an operation is a whole replay of the history written first: the latency is a
+replay's time."""
 import argparse
 import math
 import statistics
@@ -80,10 +82,25 @@ def order(runs):
     return sorted(runs, key=lambda k: (k[0], k[1], k[3], k[4], k[2], k[5]))
 
 
-def ratio(m, label, other):
-    if label in m and other in m and m[other]["ops_per_s"] > 0:
-        return f"{m[label]['ops_per_s'] / m[other]['ops_per_s']:.2f}×"
-    return "—"
+# Throughput is fixed by the load for watch (rate × watchers) and replay (one history): those
+# compare the other system's p50 latency to this one's.
+BY_LATENCY = {"watch", "replay"}
+
+
+def ratio_value(kind, m, label, other):
+    """`label` against `other` in a run kind's medians `m` (higher is better); NaN if undefined."""
+    if label not in m or other not in m:
+        return math.nan
+    if kind[0] in BY_LATENCY:
+        a, b = m[label]["p50_ms"], m[other]["p50_ms"]
+        return b / a if a and b and not math.isnan(a) and not math.isnan(b) else math.nan
+    b = m[other]["ops_per_s"]
+    return m[label]["ops_per_s"] / b if b else math.nan
+
+
+def ratio(kind, m, label, other):
+    r = ratio_value(kind, m, label, other)
+    return "—" if math.isnan(r) else f"{r:.2f}×"
 
 
 def wide(runs, labels, baseline):
@@ -103,7 +120,7 @@ def wide(runs, labels, baseline):
             else "—"
             for l in labels
         ]
-        print(f"| {describe(kind)} | " + " | ".join(cells) + "".join(f" | {ratio(m, l, baseline)}" for l in others) + " |")
+        print(f"| {describe(kind)} | " + " | ".join(cells) + "".join(f" | {ratio(kind, m, l, baseline)}" for l in others) + " |")
 
 
 def long(runs, labels, baseline, pairs):
@@ -113,12 +130,12 @@ def long(runs, labels, baseline, pairs):
     for kind in order(runs):
         m = {l: medians(rs) for l, rs in runs[kind].items()}
         print(f"| {describe(kind)} | " + " | ".join(f"{m[l]['ops_per_s']:,.0f}" if l in m else "—" for l in labels) + " |")
-    print(f"\nRatios of ops/s: each paired system against {baseline} and against its pair:\n")
+    print(f"\nRatios (of ops/s; of p50 latency for watch and replay): each paired system against {baseline} and against its pair:\n")
     print("| workload | shape | clients | keys | " + " | ".join(f"{a} / {baseline} | {a} / {b}" for a, b in pairs.items()) + " |")
     print("|" + "---|" * (4 + 2 * len(pairs)))
     for kind in order(runs):
         m = {l: medians(rs) for l, rs in runs[kind].items()}
-        cells = [f"{ratio(m, a, baseline)} | {ratio(m, a, b)}" for a, b in pairs.items()]
+        cells = [f"{ratio(kind, m, a, baseline)} | {ratio(kind, m, a, b)}" for a, b in pairs.items()]
         print(f"| {describe(kind)} | " + " | ".join(cells) + " |")
     print("\nEach system, medians of the rounds; the last column compares " + ", ".join(f"{a} with {b}" for a, b in pairs.items()) + ":\n")
     print(
@@ -136,7 +153,7 @@ def long(runs, labels, baseline, pairs):
                 f"| {describe(kind)} | {l} | {r['ops_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['p999_ms']:.2f} "
                 f"| {r['server_cpu_ms_per_op']:.3f} | {r['server_peak_rss_mib']:.0f} ({r['server_rss_anon_mib']:.0f}) "
                 f"| {r['errors']:.0f} "
-                f"| {ratio(m, l, baseline) if l != baseline else ''} | {ratio(m, l, pairs[l]) if l in pairs else ''} |"
+                f"| {ratio(kind, m, l, baseline) if l != baseline else ''} | {ratio(kind, m, l, pairs[l]) if l in pairs else ''} |"
             )
 
 
