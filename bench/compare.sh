@@ -159,7 +159,7 @@ done
 sleep 2
 
 say "# $(date -u +%FT%TZ) bench/compare.sh $seconds $rounds; $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo) RAM, $(lscpu | sed -n 's/^Model name: *//p'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
-say "# etcd $("$etcd" --version | awk '/etcd Version/ {print $3}'); Go kine $(go version -m "$gokine" | awk '$1 == "mod" {print $3}'); nats-server $("$nats" --version | awk '{print $2}'); PostgreSQL $PG_THROWAWAY_VERSION; MariaDB $MYSQL_THROWAWAY_VERSION; kine-rs $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates ':!crates/bench' Cargo.lock || echo ' (working tree with uncommitted changes)'), binary of $(date -u -r "$kine_rs" +%FT%TZ)"
+say "# etcd $("$etcd" --version | awk '/etcd Version/ {print $3}'); Go kine $(go version -m "$gokine" | awk '$1 == "mod" {print $3}'); nats-server $("$nats" --version | awk '{print $2}'); PostgreSQL $PG_THROWAWAY_VERSION; MariaDB $MYSQL_THROWAWAY_VERSION; kine-rs $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates Cargo.lock || echo ' (working tree with uncommitted changes)'), binary of $(date -u -r "$kine_rs" +%FT%TZ)"
 for s in "${systems[@]}"; do
     read -r label port pid <<<"$s"
     # RssAnon leaves out mapped files (etcd's bbolt file, kine-rs's SQLite file).
