@@ -103,28 +103,29 @@ pub async fn cas(mut c: Client, id: u64, p: Params, deadline: Instant) -> Stats 
         let k = p.key(i);
         n += 1;
         let start = Instant::now();
-        let rev = match c.get(k.as_str(), None).await {
-            Ok(r) => r.kvs().first().map_or(0, |kv| kv.mod_revision()),
-            Err(_) => {
-                stats.errors += 1;
-                continue;
-            }
-        };
-        let txn = Txn::new()
-            .when([Compare::mod_revision(k.as_str(), CompareOp::Equal, rev)])
-            .and_then([TxnOp::put(k.as_str(), p.value(i, n), None)])
-            .or_else([TxnOp::get(k.as_str(), None)]);
-        match c.txn(txn).await {
-            Ok(r) => {
+        match get_then_txn(&mut c, &k, TxnOp::put(k.as_str(), p.value(i, n), None)).await {
+            Some((_, succeeded)) => {
                 stats.record(start.elapsed());
-                if !r.succeeded() {
+                if !succeeded {
                     stats.conflicts += 1;
                 }
             }
-            Err(_) => stats.errors += 1,
+            None => stats.errors += 1,
         }
     }
     stats
+}
+
+/// kube-apiserver's conditional write of one key: a get, then a Txn doing `op` only if the
+/// key's mod revision is still the one read (else getting the key). Returns the revision read
+/// and whether the Txn's compare held; `None` if either request failed.
+async fn get_then_txn(c: &mut Client, k: &str, op: TxnOp) -> Option<(i64, bool)> {
+    let rev = c.get(k, None).await.ok()?.kvs().first().map_or(0, |kv| kv.mod_revision());
+    let txn = Txn::new()
+        .when([Compare::mod_revision(k, CompareOp::Equal, rev)])
+        .and_then([op])
+        .or_else([TxnOp::get(k, None)]);
+    Some((rev, c.txn(txn).await.ok()?.succeeded()))
 }
 
 /// Creates the keys `delete` removes: client `id`'s share of `--keys` new keys (`new_key` of
@@ -148,20 +149,9 @@ pub async fn delete(mut c: Client, id: u64, clients: u64, p: Params, deadline: I
         let k = p.shape.new_key(p.run, 0, i);
         i += clients;
         let start = Instant::now();
-        let rev = match c.get(k.as_str(), None).await {
-            Ok(r) => r.kvs().first().map_or(0, |kv| kv.mod_revision()),
-            Err(_) => {
-                stats.errors += 1;
-                continue;
-            }
-        };
-        let txn = Txn::new()
-            .when([Compare::mod_revision(k.as_str(), CompareOp::Equal, rev)])
-            .and_then([TxnOp::delete(k.as_str(), None)])
-            .or_else([TxnOp::get(k.as_str(), None)]);
-        match c.txn(txn).await {
+        match get_then_txn(&mut c, &k, TxnOp::delete(k.as_str(), None)).await {
             // Nobody else touches these keys: a failed compare or a missing key is an error.
-            Ok(r) if r.succeeded() && rev > 0 => stats.record(start.elapsed()),
+            Some((rev, true)) if rev > 0 => stats.record(start.elapsed()),
             _ => stats.errors += 1,
         }
     }
