@@ -1,0 +1,116 @@
+//! The in-memory backend (`memory://`): the reference implementation and test oracle.
+//! Nothing survives a restart.
+
+mod table;
+
+pub use table::MemTable;
+
+use crate::backend::{Backend, BackendStatus, FEED_CAPACITY, Revisions};
+use crate::error::{Error, Result};
+use crate::range;
+use crate::request::{RangeRequest, RangeResponse, Revisioned};
+use crate::txn::WriteOp;
+use crate::txn::WriteResponse;
+use crate::types::{KeyRange, LeaseId, Revision, RevisionEvents};
+use crate::view::WriteView;
+use std::sync::{Arc, Mutex};
+use tokio::sync::broadcast;
+
+/// `memory://`: a [`MemTable`] behind a mutex, with a live feed.
+pub struct MemoryBackend {
+    table: Mutex<Option<MemTable>>,
+    feed: broadcast::Sender<Arc<RevisionEvents>>,
+    cluster_id: u64,
+    member_id: u64,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    pub fn new() -> MemoryBackend {
+        MemoryBackend {
+            table: Mutex::new(Some(MemTable::default())),
+            feed: broadcast::channel(FEED_CAPACITY).0,
+            cluster_id: crate::id::random_nonzero(),
+            member_id: crate::id::random_nonzero(),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut MemTable) -> Result<T>) -> Result<T> {
+        let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_mut() {
+            Some(table) => f(table),
+            None => Err(Error::Unavailable("etcdserver: server stopped".into())),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
+    fn member_id(&self) -> u64 {
+        self.member_id
+    }
+    async fn revisions(&self) -> Result<Revisions> {
+        self.with(|t| Ok(t.revisions()))
+    }
+    async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        self.with(|t| {
+            let rev = range::read_revision(req.revision, t.revision(), t.compact_revision())?;
+            let value = range::execute(t, &req, rev)?;
+            Ok(Revisioned { revision: t.revision(), value })
+        })
+    }
+    async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        self.with(|t| {
+            let applied = t.apply(&op)?;
+            if let Some(ev) = applied.events {
+                // Published under the lock, so the feed is in revision order.
+                let _ = self.feed.send(Arc::new(ev));
+            }
+            Ok(Revisioned { revision: t.revision(), value: applied.response })
+        })
+    }
+    async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.with(|t| {
+            t.compact(revision)?;
+            Ok(t.revision())
+        })
+    }
+    async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+        self.with(|t| t.events(range, after, until))
+    }
+    fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
+        self.feed.subscribe()
+    }
+    async fn leases(&self) -> Result<Vec<(LeaseId, i64)>> {
+        self.with(|t| Ok(t.lease_list()))
+    }
+    async fn lease_keys(&self, id: LeaseId) -> Result<Vec<Vec<u8>>> {
+        self.with(|t| {
+            let rev = t.revision();
+            t.keys_with_lease(id, rev)
+        })
+    }
+    async fn status(&self) -> Result<BackendStatus> {
+        self.with(|t| {
+            let size = t.size();
+            Ok(BackendStatus { db_size: size as i64, db_size_in_use: size as i64 })
+        })
+    }
+    async fn defragment(&self) -> Result<()> {
+        self.with(|_| Ok(()))
+    }
+    async fn close(&self) {
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
