@@ -202,6 +202,7 @@ func KineNatsStart(request *C.char) *C.char {
 	s.SetLogger(logger{stdout: req.StdoutLogging}, false, false)
 	srv, srvOpts, authSource = s, opts, source
 	go s.Start()
+	startReturningIdleMemory()
 	return nil
 }
 
