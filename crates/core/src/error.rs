@@ -46,6 +46,9 @@ pub enum Error {
     NotLearner,
     #[error("member not found")]
     MemberNotFound,
+    /// A Lock request whose own key (and so its lease) was gone by the time it got the lock.
+    #[error("mutex: session is expired")]
+    SessionExpired,
     /// A request field or RPC kine-rs does not support; the text names it.
     #[error("{0}")]
     Unsupported(String),

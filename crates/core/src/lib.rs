@@ -10,6 +10,7 @@ pub mod error;
 pub mod health;
 pub mod id;
 pub mod lease;
+pub mod lock;
 pub mod memory;
 pub mod metered;
 pub mod metrics;

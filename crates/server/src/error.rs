@@ -26,6 +26,8 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
         Error::ReadOnly(why) => (Code::FailedPrecondition, format!("etcdserver: rpc not supported for learner: {why}")),
         Error::NotLearner => etcd(Code::FailedPrecondition, "etcdserver: can only promote a learner member"),
         Error::MemberNotFound => etcd(Code::NotFound, "etcdserver: member not found"),
+        // etcd's client library's own error (`status_via_client`).
+        Error::SessionExpired => (Code::Unknown, "mutex: session is expired".to_string()),
         Error::Unsupported(what) => (Code::Unimplemented, what.clone()),
         Error::InvalidArgument(what) => (Code::InvalidArgument, what.clone()),
         Error::Unavailable(what) => (Code::Unavailable, what.clone()),
@@ -41,6 +43,14 @@ pub fn status(e: Error) -> Status {
         tracing::error!(error = %message, "request failed in the backend");
     }
     Status::new(code, message)
+}
+
+/// An error of the Lock service: etcd serves it through its own client library, whose errors
+/// are not gRPC statuses, so callers get every error as Unknown with etcd's text (checked
+/// against etcd 3.7: a missing lease is `Unknown: etcdserver: requested lease not found`).
+pub fn status_via_client(e: Error) -> Status {
+    let status = status(e);
+    Status::new(Code::Unknown, status.message())
 }
 
 /// Shorthand for an unsupported RPC or field.
@@ -74,6 +84,7 @@ mod tests {
             (Error::RequestTooLarge, Code::InvalidArgument, "etcdserver: request is too large"),
             (Error::NotLearner, Code::FailedPrecondition, "etcdserver: can only promote a learner member"),
             (Error::MemberNotFound, Code::NotFound, "etcdserver: member not found"),
+            (Error::SessionExpired, Code::Unknown, "mutex: session is expired"),
             (
                 Error::ReadOnly("a copy of X".into()),
                 Code::FailedPrecondition,
@@ -84,5 +95,8 @@ mod tests {
             let s = status(err);
             assert_eq!((s.code(), s.message()), (code, text));
         }
+        // The Lock service keeps the text and answers Unknown, as etcd's does.
+        let s = status_via_client(Error::LeaseNotFound);
+        assert_eq!((s.code(), s.message()), (Code::Unknown, "etcdserver: requested lease not found"));
     }
 }

@@ -11,6 +11,7 @@ mod grpc_metrics;
 pub mod http;
 mod kv;
 mod lease;
+mod lock;
 mod maintenance;
 mod range_stream;
 mod snapshot;
@@ -129,6 +130,10 @@ pub async fn serve(
         )
         .add_service(
             pb::cluster_server::ClusterServer::new(cluster::ClusterService(ctx.clone()))
+                .max_decoding_message_size(max_decode),
+        )
+        .add_service(
+            kine_proto::v3lockpb::lock_server::LockServer::new(lock::LockService(ctx.clone()))
                 .max_decoding_message_size(max_decode),
         );
     let mut stop = shutdown;
