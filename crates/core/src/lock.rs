@@ -61,9 +61,10 @@ struct Withdraw {
 
 impl Drop for Withdraw {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
+        // No runtime (the process is ending): nothing to withdraw from.
+        if let (Some(key), Ok(runtime)) = (self.key.take(), tokio::runtime::Handle::try_current()) {
             let store = self.store.clone();
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 let _ = store.delete_range(DeleteRangeRequest { range: KeyRange::single(key), prev_kv: false }).await;
             });
         }
