@@ -49,6 +49,12 @@ pub enum Error {
     /// A Lock request whose own key (and so its lease) was gone by the time it got the lock.
     #[error("mutex: session is expired")]
     SessionExpired,
+    /// Proclaim by a candidate that no longer leads (its key is gone or was re-created).
+    #[error("election: not leader")]
+    NotLeader,
+    /// Leader of an election nobody campaigns in.
+    #[error("election: no leader")]
+    NoLeader,
     /// A request field or RPC kine-rs does not support; the text names it.
     #[error("{0}")]
     Unsupported(String),

@@ -6,6 +6,7 @@ pub mod alarm;
 pub mod backend;
 pub mod compactor;
 pub mod duration;
+pub mod election;
 pub mod error;
 pub mod health;
 pub mod id;

@@ -30,7 +30,7 @@ pub struct Held {
 }
 
 /// Every key that starts with `prefix`.
-fn prefix_range(prefix: Vec<u8>) -> KeyRange {
+pub(crate) fn prefix_range(prefix: Vec<u8>) -> KeyRange {
     let mut end = prefix.clone();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -42,7 +42,7 @@ fn prefix_range(prefix: Vec<u8>) -> KeyRange {
 }
 
 /// The waiter with the smallest (or, `Descend`, the largest) create revision under `waiters`.
-fn by_create(waiters: &KeyRange, order: SortOrder, max_create_revision: Revision) -> RangeRequest {
+pub(crate) fn by_create(waiters: &KeyRange, order: SortOrder, max_create_revision: Revision) -> RangeRequest {
     RangeRequest {
         limit: 1,
         sort_order: order,
@@ -53,10 +53,12 @@ fn by_create(waiters: &KeyRange, order: SortOrder, max_create_revision: Revision
 }
 
 /// Deletes a waiter's key if the request that made it ends before it holds the lock (the
-/// client went away, or the server is stopping), as etcd does.
-struct Withdraw {
-    store: Arc<Store>,
-    key: Option<Vec<u8>>,
+/// client went away, or the server is stopping), as etcd does; with `created`, only if the key
+/// still has that create revision (an election candidate resigning).
+pub(crate) struct Withdraw {
+    pub(crate) store: Arc<Store>,
+    pub(crate) key: Option<Vec<u8>>,
+    pub(crate) created: Option<Revision>,
 }
 
 impl Drop for Withdraw {
@@ -64,20 +66,50 @@ impl Drop for Withdraw {
         // No runtime (the process is ending): nothing to withdraw from.
         if let (Some(key), Ok(runtime)) = (self.key.take(), tokio::runtime::Handle::try_current()) {
             let store = self.store.clone();
+            let created = self.created;
             runtime.spawn(async move {
-                let _ = store.delete_range(DeleteRangeRequest { range: KeyRange::single(key), prev_kv: false }).await;
+                let _ = match created {
+                    Some(rev) => store.txn(delete_if_created_at(key, rev)).await.map(|_| ()),
+                    None => store
+                        .delete_range(DeleteRangeRequest { range: KeyRange::single(key), prev_kv: false })
+                        .await
+                        .map(|_| ()),
+                };
             });
         }
     }
 }
 
+/// A Txn deleting `key` if its create revision is `rev` (etcd's Resign).
+pub(crate) fn delete_if_created_at(key: Vec<u8>, rev: Revision) -> TxnRequest {
+    TxnRequest {
+        compare: vec![Compare {
+            range: KeyRange::single(key.clone()),
+            result: CompareResult::Equal,
+            target: CompareTarget::Create(rev),
+        }],
+        success: vec![RequestOp::DeleteRange(DeleteRangeRequest { range: KeyRange::single(key), prev_kv: false })],
+        failure: vec![],
+    }
+}
+
+/// The lease of a request: its own, or for 0 a new one of [`SESSION_TTL`] (etcd's session).
+pub(crate) async fn session_lease(store: &Store, lease: LeaseId) -> Result<LeaseId> {
+    if lease == 0 { Ok(store.lease_grant(0, SESSION_TTL).await?.0) } else { Ok(lease) }
+}
+
+/// `NAME/LEASE_HEX`, the key of a waiter or a candidate.
+pub(crate) fn waiter_key(prefix: &[u8], lease: LeaseId) -> Vec<u8> {
+    [prefix, format!("{lease:x}").as_bytes()].concat()
+}
+
 /// Acquires the lock `name` for `lease` (0: a new lease of [`SESSION_TTL`]), waiting as long as
 /// it takes. Dropping the future before it completes withdraws the waiter.
 pub async fn lock(store: &Arc<Store>, name: &[u8], lease: LeaseId) -> Result<Held> {
-    let lease = if lease == 0 { store.lease_grant(0, SESSION_TTL).await?.0 } else { lease };
+    let lease = session_lease(store, lease).await?;
     let mut prefix = name.to_vec();
     prefix.push(b'/');
-    let key = [prefix.as_slice(), format!("{lease:x}").as_bytes()].concat();
+    let key = waiter_key(&prefix, lease);
     let waiters = prefix_range(prefix);
     let mine = KeyRange::single(key.clone());
     let oldest = || RequestOp::Range(by_create(&waiters, SortOrder::Ascend, 0));
@@ -100,7 +132,7 @@ pub async fn lock(store: &Arc<Store>, name: &[u8], lease: LeaseId) -> Result<Hel
     if owner.first().is_none_or(|kv| kv.create_revision == my_rev) {
         return Ok(Held { key, revision: answer.revision });
     }
-    let mut withdraw = Withdraw { store: store.clone(), key: Some(key.clone()) };
+    let mut withdraw = Withdraw { store: store.clone(), key: Some(key.clone()), created: None };
     wait_deletes(store, &waiters, my_rev - 1).await?;
     let now = store.range(RangeRequest::new(mine)).await?;
     withdraw.key = None;
@@ -111,7 +143,7 @@ pub async fn lock(store: &Arc<Store>, name: &[u8], lease: LeaseId) -> Result<Hel
 }
 
 /// Waits until no key under `waiters` has a create revision at or below `max_create_revision`.
-async fn wait_deletes(store: &Store, waiters: &KeyRange, max_create_revision: Revision) -> Result<()> {
+pub(crate) async fn wait_deletes(store: &Store, waiters: &KeyRange, max_create_revision: Revision) -> Result<()> {
     loop {
         // Subscribed before the read: a deletion after the read's revision is on the feed.
         let mut feed = store.backend().subscribe();

@@ -120,7 +120,7 @@ pub fn error_code(e: &Error) -> &'static str {
         Error::Unsupported(_) => "unsupported",
         Error::ReadOnly(_) => "read_only",
         Error::NotLearner | Error::MemberNotFound => "not_learner",
-        Error::SessionExpired => "session_expired",
+        Error::SessionExpired | Error::NotLeader | Error::NoLeader => "recipe",
         Error::Unavailable(_) => "unavailable",
         Error::TimedOut => "timed_out",
         Error::Backend(_) => "backend",

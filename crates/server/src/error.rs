@@ -28,6 +28,8 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
         Error::MemberNotFound => etcd(Code::NotFound, "etcdserver: member not found"),
         // etcd's client library's own error (`status_via_client`).
         Error::SessionExpired => (Code::Unknown, "mutex: session is expired".to_string()),
+        Error::NotLeader => (Code::Unknown, "election: not leader".to_string()),
+        Error::NoLeader => (Code::Unknown, "election: no leader".to_string()),
         Error::Unsupported(what) => (Code::Unimplemented, what.clone()),
         Error::InvalidArgument(what) => (Code::InvalidArgument, what.clone()),
         Error::Unavailable(what) => (Code::Unavailable, what.clone()),
@@ -85,6 +87,8 @@ mod tests {
             (Error::NotLearner, Code::FailedPrecondition, "etcdserver: can only promote a learner member"),
             (Error::MemberNotFound, Code::NotFound, "etcdserver: member not found"),
             (Error::SessionExpired, Code::Unknown, "mutex: session is expired"),
+            (Error::NotLeader, Code::Unknown, "election: not leader"),
+            (Error::NoLeader, Code::Unknown, "election: no leader"),
             (
                 Error::ReadOnly("a copy of X".into()),
                 Code::FailedPrecondition,

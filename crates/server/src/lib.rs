@@ -5,6 +5,7 @@
 
 mod cluster;
 mod convert;
+mod election;
 mod emulation;
 pub mod error;
 mod grpc_metrics;
@@ -134,6 +135,10 @@ pub async fn serve(
         )
         .add_service(
             kine_proto::v3lockpb::lock_server::LockServer::new(lock::LockService(ctx.clone()))
+                .max_decoding_message_size(max_decode),
+        )
+        .add_service(
+            kine_proto::v3electionpb::election_server::ElectionServer::new(election::ElectionService(ctx.clone()))
                 .max_decoding_message_size(max_decode),
         );
     let mut stop = shutdown;
