@@ -64,7 +64,8 @@ impl pb::election_server::Election for ElectionService {
         tokio::spawn(async move {
             tokio::select! {
                 _ = election::observe(&store, &name, tx.clone()) => {}
-                // Ends when the client goes away (the channel closes) or the server stops.
+                // The client went away: stop following, even if the leader never changes again.
+                _ = tx.closed() => {}
                 _ = shutdown.wait() => { let _ = tx.send(Err(Error::Unavailable("etcdserver: server stopped".into()))).await; }
             }
         });
