@@ -12,6 +12,7 @@
 //! a read-only copy of it (`layout.rs`, `copy.rs`) until it is promoted (`promote.rs`).
 
 mod api;
+mod auth;
 mod barrier;
 mod compact;
 mod consumer;

@@ -4,6 +4,7 @@
 //! the write engine of `kine-core`, each with its own SQL; MySQL/MariaDB will follow.
 //! This crate knows SQL and `kine-core`, nothing of gRPC.
 
+mod auth;
 mod events;
 mod mysql;
 mod pg;

@@ -8,8 +8,9 @@
 //! `live` indexes each live key's newest version (`key → (mod_revision, sub)`; a deleted key
 //! has no row): reads at the newest revision — nearly all of them — list and count through it
 //! instead of searching each key's history. It changes in the same transaction as `kv`.
-//! `meta` holds the current and compact revisions and the store's ids; `lease` the leases.
-//! None of this bookkeeping consumes a revision.
+//! `meta` holds the current and compact revisions and the store's ids; `lease` the leases;
+//! `kine_rs_auth` the auth record (`auth.rs`; added without a schema version: every start
+//! creates it if missing). None of this bookkeeping consumes a revision.
 
 use anyhow::{Context, Result};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -51,6 +52,7 @@ CREATE TABLE IF NOT EXISTS live (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS lease (id INTEGER PRIMARY KEY, ttl INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS kine_rs_auth (name TEXT PRIMARY KEY, version INTEGER NOT NULL, data BLOB NOT NULL);
 "
 );
 

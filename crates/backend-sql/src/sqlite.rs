@@ -5,7 +5,7 @@ use crate::schema;
 use crate::view::{self, SqlView};
 use crate::writer::{self, Job, Shared, Writer, stopped};
 use anyhow::Context;
-use kine_core::backend::{Backend, BackendStatus, FEED_CAPACITY, Revisions};
+use kine_core::backend::{AuthRecord, Backend, BackendStatus, FEED_CAPACITY, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
@@ -189,5 +189,29 @@ impl Backend for SqliteBackend {
     async fn close(&self) {
         self.writer.close().await;
         self.readers.clear();
+    }
+
+    async fn auth_record(&self) -> Result<Option<AuthRecord>> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.read(|conn| Ok(crate::auth::sqlite_record(conn)?)).await
+    }
+
+    /// On a connection of its own beside the writer thread (one statement, committed at once;
+    /// SQLite's file lock orders it with every other writer, of this process or another).
+    async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || -> Result<bool> {
+            let conn = Connection::open(&path).with_context(|| format!("open {}", path.display()))?;
+            conn.busy_timeout(std::time::Duration::from_secs(30)).context("set busy timeout")?;
+            conn.pragma_update(None, "synchronous", "FULL").context("set synchronous=FULL")?;
+            Ok(crate::auth::sqlite_replace(&conn, expected, &data)?)
+        })
+        .await
+        .map_err(|e| Error::Backend(anyhow::anyhow!("auth write task failed: {e}")))?
     }
 }

@@ -65,6 +65,15 @@ pub trait Backend: Send + Sync + 'static {
     /// Flushes and releases resources; later calls fail with `Unavailable`.
     async fn close(&self);
 
+    /// The auth record (etcd's users, roles and auth settings, encoded by `auth::state`) with
+    /// its version, or `None` if none was ever written. Not part of the key space: writing it
+    /// spends no revision. Every node on the datastore sees the same record.
+    async fn auth_record(&self) -> Result<Option<AuthRecord>>;
+    /// Replaces the auth record if its version is still `expected` (`None`: no record yet).
+    /// Returns `false`, changing nothing, when another writer got there first. A read-only
+    /// copy refuses (its `Role::refusal`).
+    async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool>;
+
     /// For datastores shared by several kine-rs nodes: records a keep-alive so that every
     /// node extends the lease. Single-node backends need nothing.
     async fn lease_renew(&self, _id: LeaseId, _ttl: i64) -> Result<()> {
@@ -91,6 +100,13 @@ pub trait Backend: Send + Sync + 'static {
     async fn promote(&self) -> Result<Promotion> {
         Err(Error::NotLearner)
     }
+}
+
+/// The stored auth record: opaque bytes and the version `auth_replace` compares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthRecord {
+    pub version: u64,
+    pub data: Vec<u8>,
 }
 
 /// What a node may do with its datastore.

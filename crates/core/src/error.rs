@@ -55,6 +55,9 @@ pub enum Error {
     /// Leader of an election nobody campaigns in.
     #[error("election: no leader")]
     NoLeader,
+    /// An error of etcd's auth store (users, roles, tokens, permissions).
+    #[error("{0}")]
+    Auth(#[from] AuthError),
     /// A request field or RPC kine-rs does not support; the text names it.
     #[error("{0}")]
     Unsupported(String),
@@ -71,6 +74,49 @@ pub enum Error {
     /// Anything else that went wrong in a backend.
     #[error(transparent)]
     Backend(#[from] anyhow::Error),
+}
+
+/// etcd's auth errors, one per error etcd's clients tell apart (their texts are in the gRPC
+/// layer's mapping).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("root user does not exist")]
+    RootUserNotExist,
+    #[error("root user does not have root role")]
+    RootRoleNotExist,
+    #[error("user name already exists")]
+    UserAlreadyExist,
+    #[error("user name is empty")]
+    UserEmpty,
+    #[error("user name not found")]
+    UserNotFound,
+    #[error("role name already exists")]
+    RoleAlreadyExist,
+    #[error("role name not found")]
+    RoleNotFound,
+    #[error("role name is empty")]
+    RoleEmpty,
+    #[error("authentication failed, invalid user ID or password")]
+    AuthFailed,
+    #[error("permission not given")]
+    PermissionNotGiven,
+    #[error("permission denied")]
+    PermissionDenied,
+    #[error("role is not granted to the user")]
+    RoleNotGranted,
+    #[error("permission is not granted to the role")]
+    PermissionNotGranted,
+    #[error("authentication is not enabled")]
+    AuthNotEnabled,
+    #[error("invalid auth token")]
+    InvalidAuthToken,
+    #[error("invalid auth management")]
+    InvalidAuthMgmt,
+    #[error("revision of auth store is old")]
+    AuthOldRevision,
+    /// A password given for a user added without one.
+    #[error("authentication failed, password was given for no password user")]
+    NoPasswordUser,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

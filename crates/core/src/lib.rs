@@ -3,6 +3,7 @@
 //! ([`txn`]) and range logic ([`range`]) run over the narrow [`view`] traits.
 
 pub mod alarm;
+pub mod auth;
 pub mod backend;
 pub mod compactor;
 pub mod duration;

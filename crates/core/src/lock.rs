@@ -30,7 +30,7 @@ pub struct Held {
 }
 
 /// Every key that starts with `prefix`.
-pub(crate) fn prefix_range(prefix: Vec<u8>) -> KeyRange {
+pub fn prefix_range(prefix: Vec<u8>) -> KeyRange {
     let mut end = prefix.clone();
     while let Some(last) = end.pop() {
         if last < 0xff {

@@ -9,7 +9,7 @@
 //! in etcd); reads that may legitimately be long (unlimited ranges, a watch catching up) get ten
 //! times as long; compaction, defragmentation and promotion have bounds of their own.
 
-use crate::backend::{Backend, BackendStatus, LeaseUpdate, Promotion, Replication, Revisions, Role};
+use crate::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Promotion, Replication, Revisions, Role};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::request::{RangeRequest, RangeResponse, Revisioned};
@@ -121,6 +121,7 @@ pub fn error_code(e: &Error) -> &'static str {
         Error::ReadOnly(_) => "read_only",
         Error::NotLearner | Error::MemberNotFound => "not_learner",
         Error::SessionExpired | Error::NotLeader | Error::NoLeader => "recipe",
+        Error::Auth(_) => "auth",
         Error::Unavailable(_) => "unavailable",
         Error::TimedOut => "timed_out",
         Error::Backend(_) => "backend",
@@ -234,6 +235,14 @@ impl Backend for Metered {
 
     async fn defragment(&self) -> Result<()> {
         self.observe_bounded(Bound::None, "Defragment", String::new, self.inner.defragment()).await
+    }
+
+    async fn auth_record(&self) -> Result<Option<AuthRecord>> {
+        self.observe("AuthRecord", String::new, self.inner.auth_record()).await
+    }
+
+    async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        self.observe("AuthReplace", String::new, self.inner.auth_replace(expected, data)).await
     }
 
     async fn close(&self) {

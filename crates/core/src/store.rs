@@ -2,6 +2,7 @@
 //! This is what the gRPC layer calls; it knows nothing of gRPC.
 
 use crate::alarm::{Access, Alarm, AlarmKind, Alarms};
+use crate::auth::{Auth, AuthOptions};
 use crate::backend::{Backend, BackendStatus, Promotion};
 use crate::compactor::{self, CompactOptions};
 use crate::error::{Error, Result};
@@ -22,17 +23,23 @@ use tokio::task::JoinHandle;
 pub struct StoreOptions {
     pub watch_progress_interval: Duration,
     pub compact: CompactOptions,
+    pub auth: AuthOptions,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { watch_progress_interval: Duration::from_secs(5), compact: CompactOptions::default() }
+        StoreOptions {
+            watch_progress_interval: Duration::from_secs(5),
+            compact: CompactOptions::default(),
+            auth: AuthOptions::default(),
+        }
     }
 }
 
 pub struct Store {
     backend: Arc<dyn Backend>,
     lessor: Arc<Lessor>,
+    auth: Arc<Auth>,
     options: StoreOptions,
     alarms: Alarms,
 }
@@ -52,7 +59,8 @@ pub struct KeySpaceHash {
 impl Store {
     pub async fn open(backend: Arc<dyn Backend>, options: StoreOptions) -> Result<Arc<Store>> {
         let lessor = Lessor::load(backend.clone()).await?;
-        Ok(Arc::new(Store { backend, lessor, options, alarms: Alarms::default() }))
+        let auth = Auth::open(backend.clone(), options.auth.clone()).await?;
+        Ok(Arc::new(Store { backend, lessor, auth, options, alarms: Alarms::default() }))
     }
 
     /// Starts the store's background tasks (lease expiry, automatic compaction).
@@ -61,11 +69,17 @@ impl Store {
             tokio::spawn(self.lessor.clone().run_expiry(shutdown.clone())),
             tokio::spawn(self.lessor.clone().follow_updates(shutdown.clone())),
             tokio::spawn(compactor::run(self.backend.clone(), self.options.compact.clone(), shutdown.clone())),
+            self.auth.clone().spawn_refresh(shutdown.clone()),
         ]
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// Users, roles, tokens and permission checks.
+    pub fn auth(&self) -> &Arc<Auth> {
+        &self.auth
     }
 
     /// Refuses writes on a node that serves a read-only copy (an etcd learner).

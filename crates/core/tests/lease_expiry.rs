@@ -1,6 +1,6 @@
 //! Lease expiry on the memory backend with tokio's clock paused: deterministic, no sleeping.
 
-use kine_core::backend::{Backend, BackendStatus, Revisions};
+use kine_core::backend::{AuthRecord, Backend, BackendStatus, Revisions};
 use kine_core::memory::MemoryBackend;
 use kine_core::request::{PutRequest, RangeRequest, RangeResponse, Revisioned};
 use kine_core::shutdown;
@@ -102,6 +102,12 @@ impl Backend for RevokesFail {
     }
     async fn close(&self) {
         self.inner.close().await
+    }
+    async fn auth_record(&self) -> Result<Option<AuthRecord>> {
+        self.inner.auth_record().await
+    }
+    async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        self.inner.auth_replace(expected, data).await
     }
 }
 

@@ -12,7 +12,7 @@ use kine_core::store::{Store, StoreOptions};
 use kine_proto::etcdserverpb as pb;
 use kine_server::{Listener, ServerConfig};
 use pb::{
-    cluster_client::ClusterClient, kv_client::KvClient, lease_client::LeaseClient,
+    auth_client::AuthClient, cluster_client::ClusterClient, kv_client::KvClient, lease_client::LeaseClient,
     maintenance_client::MaintenanceClient, watch_client::WatchClient,
 };
 use prost::Message;
@@ -35,7 +35,10 @@ fn harness() -> &'static Harness {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let channel = runtime.block_on(async {
             let backend = Arc::new(MemoryBackend::new());
-            let store = Store::open(backend, StoreOptions::default()).await.expect("a memory store");
+            // The cheapest bcrypt: fuzzing looks for crashes, not for slow hashes.
+            let auth = kine_core::auth::AuthOptions { bcrypt_cost: 4, ..Default::default() };
+            let store =
+                Store::open(backend, StoreOptions { auth, ..Default::default() }).await.expect("a memory store");
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
             let address = listener.local_addr().unwrap();
             let (reporter, _) = tonic_health::server::health_reporter();
@@ -46,6 +49,7 @@ fn harness() -> &'static Harness {
                 max_request_bytes: 1_572_864,
                 emulated_version: "3.7.3".into(),
                 client_urls: vec![format!("http://{address}")],
+                client_cert_auth: false,
             };
             tokio::spawn(kine_server::serve(store, config, Listener::Tcp(listener), None, reporter, shutdown));
             let endpoint = Channel::from_shared(format!("http://{address}")).unwrap();
@@ -86,7 +90,8 @@ pub fn grpc(data: &[u8]) {
         let kv = || KvClient::new(ch.clone());
         let lease = || LeaseClient::new(ch.clone());
         let maintenance = || MaintenanceClient::new(ch.clone());
-        match which % 20 {
+        let auth = || AuthClient::new(ch.clone());
+        match which % 40 {
             0 => unary!(kv().range(request!(pb::RangeRequest, body))),
             1 => unary!(kv().put(request!(pb::PutRequest, body))),
             2 => unary!(kv().delete_range(request!(pb::DeleteRangeRequest, body))),
@@ -132,6 +137,23 @@ pub fn grpc(data: &[u8]) {
             16 => unary!(maintenance().defragment(request!(pb::DefragmentRequest, body))),
             17 => unary!(ClusterClient::new(ch.clone()).member_list(request!(pb::MemberListRequest, body))),
             18 => unary!(ClusterClient::new(ch.clone()).member_promote(request!(pb::MemberPromoteRequest, body))),
+            20 => unary!(auth().auth_enable(request!(pb::AuthEnableRequest, body))),
+            21 => unary!(auth().auth_disable(request!(pb::AuthDisableRequest, body))),
+            22 => unary!(auth().auth_status(request!(pb::AuthStatusRequest, body))),
+            23 => unary!(auth().authenticate(request!(pb::AuthenticateRequest, body))),
+            24 => unary!(auth().user_add(request!(pb::AuthUserAddRequest, body))),
+            25 => unary!(auth().user_get(request!(pb::AuthUserGetRequest, body))),
+            26 => unary!(auth().user_list(request!(pb::AuthUserListRequest, body))),
+            27 => unary!(auth().user_delete(request!(pb::AuthUserDeleteRequest, body))),
+            28 => unary!(auth().user_change_password(request!(pb::AuthUserChangePasswordRequest, body))),
+            29 => unary!(auth().user_grant_role(request!(pb::AuthUserGrantRoleRequest, body))),
+            30 => unary!(auth().user_revoke_role(request!(pb::AuthUserRevokeRoleRequest, body))),
+            31 => unary!(auth().role_add(request!(pb::AuthRoleAddRequest, body))),
+            32 => unary!(auth().role_get(request!(pb::AuthRoleGetRequest, body))),
+            33 => unary!(auth().role_list(request!(pb::AuthRoleListRequest, body))),
+            34 => unary!(auth().role_delete(request!(pb::AuthRoleDeleteRequest, body))),
+            35 => unary!(auth().role_grant_permission(request!(pb::AuthRoleGrantPermissionRequest, body))),
+            36 => unary!(auth().role_revoke_permission(request!(pb::AuthRoleRevokePermissionRequest, body))),
             _ => unary!(maintenance().move_leader(request!(pb::MoveLeaderRequest, body))),
         }
     });

@@ -8,6 +8,7 @@ use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
 use crate::listen;
 use anyhow::{Context, Result, bail};
+use kine_core::auth::AuthOptions;
 use kine_core::backend::Backend;
 use kine_core::compactor::CompactOptions;
 use kine_core::shutdown::{self, Shutdown, ShutdownTrigger};
@@ -263,6 +264,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             batch_size: cli.compact_batch_size,
             timeout: cli.compact_timeout,
         },
+        auth: AuthOptions { bcrypt_cost: cli.bcrypt_cost, token_ttl: Duration::from_secs(cli.auth_token_ttl) },
     };
     let backend: Arc<dyn Backend> = Arc::new(
         kine_core::metered::Metered::new(backend, cli.slow_sql_threshold, cli.slow_sql_warning_threshold)
@@ -307,6 +309,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         max_request_bytes: cli.max_request_bytes as usize,
         emulated_version: cli.emulated_etcd_version.clone(),
         client_urls: vec![bound.client_url.clone()],
+        client_cert_auth: cli.trusted_ca_file.is_some(),
     };
     let server = tokio::spawn(kine_server::serve(store.clone(), config, bound.listener, tls, health, stop.clone()));
     let mut stop_wait = stop.clone();

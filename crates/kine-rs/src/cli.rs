@@ -77,6 +77,17 @@ pub struct Cli {
     #[arg(long, env = "KINE_TRUSTED_CA_FILE")]
     pub trusted_ca_file: Option<PathBuf>,
 
+    /// etcd's --auth-token: how Authenticate's tokens are made. "simple" (the default; kine-rs's
+    /// simple tokens are signed, so every node on the datastore accepts them)
+    #[arg(long, env = "KINE_AUTH_TOKEN", default_value = "simple", value_parser = parse_auth_token)]
+    pub auth_token: String,
+    /// etcd's --auth-token-ttl: seconds a simple token stays valid after its last use
+    #[arg(long, env = "KINE_AUTH_TOKEN_TTL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub auth_token_ttl: u64,
+    /// etcd's --bcrypt-cost: cost of the bcrypt hashes of user passwords (4 to 31)
+    #[arg(long, env = "KINE_BCRYPT_COST", default_value_t = 10, value_parser = clap::value_parser!(u32).range(4..=31))]
+    pub bcrypt_cost: u32,
+
     /// Interval of watch progress notifications (must be > 0)
     #[arg(long, env = "KINE_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
     pub watch_progress_notify_interval: Duration,
@@ -170,4 +181,14 @@ pub enum SnapshotCommand {
         /// The file `etcdctl snapshot save` wrote
         file: PathBuf,
     },
+}
+
+/// `--auth-token`: etcd's `TYPE[,OPTION=VALUE...]`; kine-rs makes simple tokens.
+fn parse_auth_token(s: &str) -> Result<String, String> {
+    match s.split(',').next().unwrap_or_default() {
+        "simple" if s == "simple" => Ok(s.to_string()),
+        "simple" => Err("simple tokens take no options".into()),
+        "jwt" => Err("JWT tokens are not supported by kine-rs yet (see COMPAT.md); use \"simple\"".into()),
+        other => Err(format!("unknown token type {other:?}: etcd's are \"simple\" and \"jwt\"")),
+    }
 }

@@ -33,6 +33,11 @@ fn bad_flags_fail_at_start_naming_the_problem() {
     fails_with(&["--emulated-etcd-version", "3.7"], "3.7 is not an etcd version such as 3.7.3");
     fails_with(&["--emulated-etcd-version", "3.4.31"], "3.4.31 is older than etcd 3.5");
     fails_with(&["--listen-address", "nowhere"], "--listen-address \"nowhere\"");
+    fails_with(&["--auth-token", "jwt,sign-method=RS256"], "JWT tokens are not supported by kine-rs yet");
+    fails_with(&["--auth-token", "magic"], "unknown token type \"magic\"");
+    fails_with(&["--auth-token", "simple,ttl=5m"], "simple tokens take no options");
+    fails_with(&["--bcrypt-cost", "3"], "--bcrypt-cost");
+    fails_with(&["--auth-token-ttl", "0"], "--auth-token-ttl");
     fails_with(&[&l[..], &["--endpoint", "memory://", "--trusted-ca-file", "/x"]].concat(), "--trusted-ca-file needs");
     fails_with(
         &[&l[..], &["--endpoint", "memory://", "--server-cert-file", "/x"]].concat(),

@@ -2,6 +2,7 @@
 //! copy, which MemberPromote turns into the primary).
 
 use crate::Context;
+use crate::credentials::{require_admin, require_user};
 use crate::error::{status, unsupported};
 use kine_proto::etcdserverpb as pb;
 use tonic::{Request, Response, Status};
@@ -10,19 +11,22 @@ pub struct ClusterService(pub Context);
 
 #[tonic::async_trait]
 impl pb::cluster_server::Cluster for ClusterService {
-    async fn member_add(&self, _r: Request<pb::MemberAddRequest>) -> Result<Response<pb::MemberAddResponse>, Status> {
+    async fn member_add(&self, r: Request<pb::MemberAddRequest>) -> Result<Response<pb::MemberAddResponse>, Status> {
+        require_admin(&self.0, &r)?;
         Err(unsupported("Cluster.MemberAdd"))
     }
     async fn member_remove(
         &self,
-        _r: Request<pb::MemberRemoveRequest>,
+        r: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        require_admin(&self.0, &r)?;
         Err(unsupported("Cluster.MemberRemove"))
     }
     async fn member_update(
         &self,
-        _r: Request<pb::MemberUpdateRequest>,
+        r: Request<pb::MemberUpdateRequest>,
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
+        require_admin(&self.0, &r)?;
         Err(unsupported("Cluster.MemberUpdate"))
     }
     /// A read-only copy (a learner) becomes the writable primary (docs/nats.md, "Promotion").
@@ -30,6 +34,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        require_admin(&self.0, &request)?;
         let promotion = self.0.store.promote(request.into_inner().id).await.map_err(status)?;
         tracing::info!(
             revision = promotion.revision,
@@ -39,10 +44,8 @@ impl pb::cluster_server::Cluster for ClusterService {
         let revision = self.0.store.current_revision().await.map_err(status)?;
         Ok(Response::new(pb::MemberPromoteResponse { header: self.0.headers.at(revision), members: vec![self.me()] }))
     }
-    async fn member_list(
-        &self,
-        _r: Request<pb::MemberListRequest>,
-    ) -> Result<Response<pb::MemberListResponse>, Status> {
+    async fn member_list(&self, r: Request<pb::MemberListRequest>) -> Result<Response<pb::MemberListResponse>, Status> {
+        require_user(&self.0, &r)?;
         let revision = self.0.store.current_revision().await.map_err(status)?;
         Ok(Response::new(pb::MemberListResponse { header: self.0.headers.at(revision), members: vec![self.me()] }))
     }

@@ -3,7 +3,8 @@
 
 use crate::Context;
 use crate::convert;
-use crate::error::{status, status_via_client};
+use crate::credentials::{require_key, require_recipe};
+use crate::error::{status, status_via_client, via_client};
 use kine_core::Error;
 use kine_core::election::{self, LeaderKey};
 use kine_proto::v3electionpb as pb;
@@ -28,6 +29,7 @@ fn leader_of(leader: Option<pb::LeaderKey>) -> Result<LeaderKey, Status> {
 #[tonic::async_trait]
 impl pb::election_server::Election for ElectionService {
     async fn campaign(&self, request: Request<pb::CampaignRequest>) -> Result<Response<pb::CampaignResponse>, Status> {
+        require_recipe(&self.0, &request, &request.get_ref().name, true).map_err(via_client)?;
         let req = request.into_inner();
         let mut shutdown = self.0.shutdown.clone();
         // A campaign can wait for ever; a stopping server ends it (the candidate resigns).
@@ -42,6 +44,8 @@ impl pb::election_server::Election for ElectionService {
     }
 
     async fn proclaim(&self, request: Request<pb::ProclaimRequest>) -> Result<Response<pb::ProclaimResponse>, Status> {
+        let key = request.get_ref().leader.as_ref().map(|l| l.key.clone()).unwrap_or_default();
+        require_key(&self.0, &request, &key).map_err(via_client)?;
         let req = request.into_inner();
         let leader = leader_of(req.leader)?;
         let revision = election::proclaim(&self.0.store, &leader, req.value).await.map_err(status_via_client)?;
@@ -49,6 +53,7 @@ impl pb::election_server::Election for ElectionService {
     }
 
     async fn leader(&self, request: Request<pb::LeaderRequest>) -> Result<Response<pb::LeaderResponse>, Status> {
+        require_recipe(&self.0, &request, &request.get_ref().name, false).map_err(via_client)?;
         let (kv, revision) =
             election::leader(&self.0.store, &request.into_inner().name).await.map_err(status_via_client)?;
         Ok(Response::new(pb::LeaderResponse { header: self.0.headers.at(revision), kv: Some(convert::kv(kv)) }))
@@ -57,6 +62,7 @@ impl pb::election_server::Election for ElectionService {
     type ObserveStream = Pin<Box<dyn Stream<Item = Result<pb::LeaderResponse, Status>> + Send>>;
 
     async fn observe(&self, request: Request<pb::LeaderRequest>) -> Result<Response<Self::ObserveStream>, Status> {
+        require_recipe(&self.0, &request, &request.get_ref().name, false).map_err(via_client)?;
         let name = request.into_inner().name;
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let store = self.0.store.clone();
@@ -78,6 +84,8 @@ impl pb::election_server::Election for ElectionService {
     }
 
     async fn resign(&self, request: Request<pb::ResignRequest>) -> Result<Response<pb::ResignResponse>, Status> {
+        let key = request.get_ref().leader.as_ref().map(|l| l.key.clone()).unwrap_or_default();
+        require_key(&self.0, &request, &key).map_err(via_client)?;
         let leader = leader_of(request.into_inner().leader)?;
         let revision = election::resign(&self.0.store, &leader).await.map_err(status_via_client)?;
         Ok(Response::new(pb::ResignResponse { header: self.0.headers.at(revision) }))

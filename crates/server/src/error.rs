@@ -2,6 +2,7 @@
 //! (etcd's clients recognise errors by their message).
 
 use kine_core::Error;
+use kine_core::error::AuthError;
 use tonic::{Code, Status};
 
 /// etcd's gRPC code and message for an error.
@@ -30,6 +31,7 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
         Error::SessionExpired => (Code::Unknown, "mutex: session is expired".to_string()),
         Error::NotLeader => (Code::Unknown, "election: not leader".to_string()),
         Error::NoLeader => (Code::Unknown, "election: no leader".to_string()),
+        Error::Auth(e) => auth_code_and_message(*e),
         Error::Unsupported(what) => (Code::Unimplemented, what.clone()),
         Error::InvalidArgument(what) => (Code::InvalidArgument, what.clone()),
         Error::Unavailable(what) => (Code::Unavailable, what.clone()),
@@ -38,9 +40,35 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
     }
 }
 
+fn auth_code_and_message(e: AuthError) -> (Code, String) {
+    use AuthError::*;
+    let (code, text) = match e {
+        RootUserNotExist => (Code::FailedPrecondition, "etcdserver: root user does not exist"),
+        RootRoleNotExist => (Code::FailedPrecondition, "etcdserver: root user does not have root role"),
+        UserAlreadyExist => (Code::FailedPrecondition, "etcdserver: user name already exists"),
+        UserEmpty => (Code::InvalidArgument, "etcdserver: user name is empty"),
+        UserNotFound => (Code::FailedPrecondition, "etcdserver: user name not found"),
+        RoleAlreadyExist => (Code::FailedPrecondition, "etcdserver: role name already exists"),
+        RoleNotFound => (Code::FailedPrecondition, "etcdserver: role name not found"),
+        RoleEmpty => (Code::InvalidArgument, "etcdserver: role name is empty"),
+        AuthFailed => (Code::InvalidArgument, "etcdserver: authentication failed, invalid user ID or password"),
+        PermissionNotGiven => (Code::InvalidArgument, "etcdserver: permission not given"),
+        PermissionDenied => (Code::PermissionDenied, "etcdserver: permission denied"),
+        RoleNotGranted => (Code::FailedPrecondition, "etcdserver: role is not granted to the user"),
+        PermissionNotGranted => (Code::FailedPrecondition, "etcdserver: permission is not granted to the role"),
+        AuthNotEnabled => (Code::FailedPrecondition, "etcdserver: authentication is not enabled"),
+        InvalidAuthToken => (Code::Unauthenticated, "etcdserver: invalid auth token"),
+        InvalidAuthMgmt => (Code::InvalidArgument, "etcdserver: invalid auth management"),
+        AuthOldRevision => (Code::InvalidArgument, "etcdserver: revision of auth store is old"),
+        // etcd has no gRPC error for it and sends its internal text as Unknown.
+        NoPasswordUser => (Code::Unknown, "auth: authentication failed, password was given for no password user"),
+    };
+    (code, text.to_string())
+}
+
 pub fn status(e: Error) -> Status {
     let (code, message) = code_and_message(&e);
-    if code == Code::Unknown {
+    if code == Code::Unknown && !matches!(e, Error::Auth(_)) {
         // A human should look at backend failures.
         tracing::error!(error = %message, "request failed in the backend");
     }
@@ -51,8 +79,12 @@ pub fn status(e: Error) -> Status {
 /// are not gRPC statuses, so callers get every error as Unknown with etcd's text (checked
 /// against etcd 3.7: a missing lease is `Unknown: etcdserver: requested lease not found`).
 pub fn status_via_client(e: Error) -> Status {
-    let status = status(e);
-    Status::new(Code::Unknown, status.message())
+    via_client(status(e))
+}
+
+/// A status as the Lock and Election services pass it on: Unknown, with the text kept.
+pub fn via_client(s: Status) -> Status {
+    Status::new(Code::Unknown, s.message())
 }
 
 /// Shorthand for an unsupported RPC or field.

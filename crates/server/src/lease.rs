@@ -1,8 +1,10 @@
 //! The etcd Lease service.
 
 use crate::Context;
+use crate::credentials::{Credentials, require_user};
 use crate::error::status;
 use kine_core::Error;
+use kine_core::auth::PermKind;
 use kine_proto::etcdserverpb as pb;
 use std::pin::Pin;
 use tokio::sync::mpsc;
@@ -18,6 +20,7 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        require_user(&self.0, &request)?;
         let req = request.into_inner();
         let (id, ttl, revision) = self.0.store.lease_grant(req.id, req.ttl).await.map_err(status)?;
         Ok(Response::new(pb::LeaseGrantResponse { header: self.0.headers.at(revision), id, ttl, error: String::new() }))
@@ -27,7 +30,10 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
-        let revision = self.0.store.lease_revoke(request.into_inner().id).await.map_err(status)?;
+        let who = require_user(&self.0, &request)?;
+        let id = request.into_inner().id;
+        self.0.store.auth().check_lease_keys(&who, id, PermKind::Write).await.map_err(status)?;
+        let revision = self.0.store.lease_revoke(id).await.map_err(status)?;
         Ok(Response::new(pb::LeaseRevokeResponse { header: self.0.headers.at(revision) }))
     }
 
@@ -37,6 +43,7 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let credentials = Credentials::of(&self.0, &request);
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let ctx = self.0.clone();
@@ -48,6 +55,10 @@ impl pb::lease_server::Lease for LeaseService {
                     req = inbound.next() => req,
                 };
                 let Some(Ok(req)) = req else { return };
+                if let Err(e) = renew_permitted(&ctx, &credentials, req.id).await {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
                 // As etcd: an unknown or expired lease answers TTL 0.
                 let ttl = match ctx.store.lease_keep_alive(req.id).await {
                     Ok(ttl) => ttl,
@@ -77,7 +88,11 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        let who = require_user(&self.0, &request)?;
         let req = request.into_inner();
+        if req.keys {
+            self.0.store.auth().check_lease_keys(&who, req.id, PermKind::Read).await.map_err(status)?;
+        }
         let ttl = self.0.store.lease_time_to_live(req.id, req.keys).await.map_err(status)?;
         let revision = self.0.store.current_revision().await.map_err(status)?;
         let header = self.0.headers.at(revision);
@@ -92,10 +107,25 @@ impl pb::lease_server::Lease for LeaseService {
 
     async fn lease_leases(
         &self,
-        _request: Request<pb::LeaseLeasesRequest>,
+        request: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
-        let leases = self.0.store.lease_list().into_iter().map(|id| pb::LeaseStatus { id }).collect();
+        let who = require_user(&self.0, &request)?;
+        let ids = self.0.store.lease_list();
+        for id in &ids {
+            self.0.store.auth().check_lease_keys(&who, *id, PermKind::Read).await.map_err(status)?;
+        }
+        let leases = ids.into_iter().map(|id| pb::LeaseStatus { id }).collect();
         let revision = self.0.store.current_revision().await.map_err(status)?;
         Ok(Response::new(pb::LeaseLeasesResponse { header: self.0.headers.at(revision), leases }))
     }
+}
+
+/// etcd's check of each renewal: an authenticated caller, with write permission on every key
+/// of the lease unless an admin (the stream's token is checked again each time).
+async fn renew_permitted(ctx: &Context, credentials: &Credentials, id: i64) -> Result<(), Status> {
+    if !ctx.store.auth().enabled() {
+        return Ok(());
+    }
+    let who = credentials.caller(ctx)?;
+    ctx.store.auth().check_lease_keys(&who, id, PermKind::Write).await.map_err(status)
 }

@@ -3,8 +3,10 @@
 //! The only crate that knows the protobuf types; the only place that builds a `tonic::Status`
 //! ([`error`]). It knows no datastore.
 
+mod auth;
 mod cluster;
 mod convert;
+mod credentials;
 mod election;
 mod emulation;
 pub mod error;
@@ -48,10 +50,13 @@ pub struct ServerConfig {
     pub emulated_version: String,
     /// Reported by Cluster.MemberList.
     pub client_urls: Vec<String>,
+    /// Client certificates are verified: with auth enabled, a request without a token comes
+    /// from the user its certificate's common name names (etcd's `--client-cert-auth`).
+    pub client_cert_auth: bool,
 }
 
 impl ServerConfig {
-    fn version(&self) -> EtcdVersion {
+    pub(crate) fn version(&self) -> EtcdVersion {
         EtcdVersion::parse(&self.emulated_version).unwrap_or(EtcdVersion(3, 7, 0))
     }
 
@@ -132,6 +137,9 @@ pub async fn serve(
         .add_service(
             pb::cluster_server::ClusterServer::new(cluster::ClusterService(ctx.clone()))
                 .max_decoding_message_size(max_decode),
+        )
+        .add_service(
+            pb::auth_server::AuthServer::new(auth::AuthService(ctx.clone())).max_decoding_message_size(max_decode),
         )
         .add_service(
             kine_proto::v3lockpb::lock_server::LockServer::new(lock::LockService(ctx.clone()))

@@ -1,7 +1,8 @@
 //! etcd's Lock service (v3lock): Lock and Unlock, over the recipe in `kine_core::lock`.
 
 use crate::Context;
-use crate::error::{status, status_via_client};
+use crate::credentials::{require_key, require_recipe};
+use crate::error::{status, status_via_client, via_client};
 use kine_core::Error;
 use kine_proto::v3lockpb as pb;
 use tonic::{Request, Response, Status};
@@ -11,6 +12,7 @@ pub struct LockService(pub Context);
 #[tonic::async_trait]
 impl pb::lock_server::Lock for LockService {
     async fn lock(&self, request: Request<pb::LockRequest>) -> Result<Response<pb::LockResponse>, Status> {
+        require_recipe(&self.0, &request, &request.get_ref().name, true).map_err(via_client)?;
         let req = request.into_inner();
         let mut shutdown = self.0.shutdown.clone();
         // A Lock can wait for ever; a stopping server ends it (the waiter is withdrawn).
@@ -22,6 +24,7 @@ impl pb::lock_server::Lock for LockService {
     }
 
     async fn unlock(&self, request: Request<pb::UnlockRequest>) -> Result<Response<pb::UnlockResponse>, Status> {
+        require_key(&self.0, &request, &request.get_ref().key).map_err(via_client)?;
         let revision =
             kine_core::lock::unlock(&self.0.store, request.into_inner().key).await.map_err(status_via_client)?;
         Ok(Response::new(pb::UnlockResponse { header: self.0.headers.at(revision) }))

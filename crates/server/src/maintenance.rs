@@ -1,6 +1,7 @@
 //! The etcd Maintenance service.
 
 use crate::Context;
+use crate::credentials::{require_admin, require_user};
 use crate::error::{status, unsupported};
 use kine_proto::etcdserverpb as pb;
 use std::pin::Pin;
@@ -14,6 +15,12 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
     async fn alarm(&self, request: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
         use kine_core::alarm::{Alarm, AlarmKind};
         use pb::alarm_request::AlarmAction;
+        // etcd: reading alarms is for any user, changing them for admins.
+        if request.get_ref().action == AlarmAction::Get as i32 {
+            require_user(&self.0, &request)?;
+        } else {
+            require_admin(&self.0, &request)?;
+        }
         let req = request.into_inner();
         let kind = match pb::AlarmType::try_from(req.alarm) {
             Ok(pb::AlarmType::None) => None,
@@ -48,7 +55,8 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         Ok(Response::new(pb::AlarmResponse { header: self.0.headers.at(revision), alarms }))
     }
 
-    async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+    async fn status(&self, request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        require_user(&self.0, &request)?;
         let (db, revision) = self.0.store.status().await.map_err(status)?;
         let member = self.0.headers.member_id;
         // A copy reports itself as a learner; its origin leads (etcd names the leader's id).
@@ -73,19 +81,22 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn defragment(
         &self,
-        _request: Request<pb::DefragmentRequest>,
+        request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        require_admin(&self.0, &request)?;
         self.0.store.defragment().await.map_err(status)?;
         let revision = self.0.store.current_revision().await.map_err(status)?;
         Ok(Response::new(pb::DefragmentResponse { header: self.0.headers.at(revision) }))
     }
 
-    async fn hash(&self, _request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+    async fn hash(&self, request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+        require_admin(&self.0, &request)?;
         let (hash, revision) = self.0.store.hash().await.map_err(status)?;
         Ok(Response::new(pb::HashResponse { header: self.0.headers.at(revision), hash }))
     }
 
     async fn hash_kv(&self, request: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
+        require_admin(&self.0, &request)?;
         let h = self.0.store.hash_kv(request.into_inner().revision).await.map_err(status)?;
         Ok(Response::new(pb::HashKvResponse {
             header: self.0.headers.at(h.revision),
@@ -97,22 +108,25 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     type SnapshotStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
 
-    async fn snapshot(&self, _request: Request<pb::SnapshotRequest>) -> Result<Response<Self::SnapshotStream>, Status> {
+    async fn snapshot(&self, request: Request<pb::SnapshotRequest>) -> Result<Response<Self::SnapshotStream>, Status> {
+        require_admin(&self.0, &request)?;
         let rx = crate::snapshot::stream(&self.0).await?;
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn move_leader(
         &self,
-        _request: Request<pb::MoveLeaderRequest>,
+        request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        require_admin(&self.0, &request)?;
         Err(unsupported("Maintenance.MoveLeader"))
     }
 
     async fn downgrade(
         &self,
-        _request: Request<pb::DowngradeRequest>,
+        request: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        require_admin(&self.0, &request)?;
         Err(unsupported("Maintenance.Downgrade"))
     }
 }

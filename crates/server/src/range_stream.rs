@@ -8,6 +8,7 @@
 use crate::Context;
 use crate::convert;
 use crate::error::status;
+use kine_core::auth::Caller;
 use kine_core::range_stream::Part;
 use kine_proto::etcdserverpb as pb;
 use tokio::sync::mpsc;
@@ -15,7 +16,7 @@ use tonic::Status;
 
 pub type Parts = tokio_stream::wrappers::ReceiverStream<Result<pb::RangeStreamResponse, Status>>;
 
-pub async fn serve(ctx: &Context, request: pb::RangeRequest) -> Result<Parts, Status> {
+pub async fn serve(ctx: &Context, who: &Caller, request: pb::RangeRequest) -> Result<Parts, Status> {
     if !ctx.config.serves_range_stream() {
         // What etcd 3.6, which has no RangeStream, answers (gRPC's text for an unknown method).
         let unknown = "unknown method RangeStream for service etcdserverpb.KV";
@@ -23,6 +24,10 @@ pub async fn serve(ctx: &Context, request: pb::RangeRequest) -> Result<Parts, St
     }
     let drop_lease = request.keys_only && ctx.config.keys_only_without_lease();
     let req = convert::range_request(request).map_err(status)?;
+    if *who != Caller::Anyone {
+        kine_core::validate::range(&req).map_err(status)?;
+        ctx.store.auth().check_read(who, &req.range).map_err(status)?;
+    }
     let mut parts = ctx.store.range_stream(req, ctx.config.max_request_bytes).map_err(status)?;
     let first = parts.next().await.map_err(status)?;
     let (tx, rx) = mpsc::channel(1);

@@ -3,6 +3,8 @@
 
 use crate::Context;
 use crate::convert;
+use crate::credentials::Credentials;
+use crate::error::status;
 use kine_core::KeyRange;
 use kine_core::watch::{WatchCreate, WatchRequest, WatchResponse};
 use kine_proto::etcdserverpb as pb;
@@ -25,6 +27,7 @@ impl pb::watch_server::Watch for WatchService {
         &self,
         request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let credentials = Credentials::of(&self.0, &request);
         let mut inbound = request.into_inner();
         let (req_tx, req_rx) = mpsc::channel::<WatchRequest>(64);
         let (resp_tx, mut resp_rx) = mpsc::channel::<WatchResponse>(64);
@@ -37,6 +40,7 @@ impl pb::watch_server::Watch for WatchService {
         let reject_tx = out_tx.clone();
         let headers = ctx.headers;
         let mut shutdown = ctx.shutdown.clone();
+        let checks = ctx.clone();
         tokio::spawn(async move {
             loop {
                 let msg = tokio::select! {
@@ -45,6 +49,16 @@ impl pb::watch_server::Watch for WatchService {
                 };
                 let Some(Ok(msg)) = msg else { return };
                 match decode(msg) {
+                    Ok(Some(WatchRequest::Create(c))) if checks.store.auth().enabled() => {
+                        let resp = permitted(&checks, &credentials, &c.range).await.err();
+                        let sent = match resp {
+                            None => req_tx.send(WatchRequest::Create(c)).await.is_ok(),
+                            Some(resp) => reject_tx.send(Ok(resp)).await.is_ok(),
+                        };
+                        if !sent {
+                            return;
+                        }
+                    }
                     Ok(Some(req)) => {
                         if req_tx.send(req).await.is_err() {
                             return;
@@ -79,6 +93,23 @@ impl pb::watch_server::Watch for WatchService {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
     }
+}
+
+/// etcd's check of a new watch: read permission on its range, by the stream's credentials (a
+/// token that expired since the stream opened fails here). A refusal is a canceled watch with
+/// id -1 and the whole gRPC error as its reason.
+async fn permitted(ctx: &Context, credentials: &Credentials, range: &KeyRange) -> Result<(), pb::WatchResponse> {
+    let checked = credentials.caller(ctx).and_then(|who| ctx.store.auth().check_read(&who, range).map_err(status));
+    let Err(e) = checked else { return Ok(()) };
+    let revision = ctx.store.current_revision().await.unwrap_or_default();
+    Err(pb::WatchResponse {
+        header: ctx.headers.at(revision),
+        watch_id: -1,
+        created: true,
+        canceled: true,
+        cancel_reason: format!("rpc error: code = {:?} desc = {}", e.code(), e.message()),
+        ..Default::default()
+    })
 }
 
 /// `Ok(None)` for messages etcd ignores (an empty request union).

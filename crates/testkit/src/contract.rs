@@ -524,6 +524,28 @@ pub async fn range_stream_parts_are_the_range(b: Arc<dyn Backend>) {
     assert!(matches!(s.range_stream(compacted, 2048).unwrap().next().await, Err(Error::Compacted { .. })));
 }
 
+/// The auth record: absent on a fresh datastore, replaced only from the version read, and not
+/// part of the key space (no revision spent, no event).
+pub async fn auth_record_is_replaced_by_version(b: Arc<dyn Backend>) {
+    let s = store(b.clone()).await;
+    let mut feed = b.subscribe();
+    assert_eq!(b.auth_record().await.expect("read"), None);
+    assert!(!b.auth_replace(Some(1), b"x".to_vec()).await.expect("replace"), "no record has version 1");
+    assert!(b.auth_replace(None, b"first".to_vec()).await.expect("create"));
+    assert!(!b.auth_replace(None, b"again".to_vec()).await.expect("create twice"), "a second create must lose");
+    let first = b.auth_record().await.expect("read").expect("record");
+    assert_eq!(first.data, b"first");
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    assert!(b.auth_replace(Some(first.version), big.clone()).await.expect("update"));
+    assert!(!b.auth_replace(Some(first.version), b"stale".to_vec()).await.expect("stale"), "stale version");
+    let second = b.auth_record().await.expect("read").expect("record");
+    assert_eq!(second.data, big);
+    assert_ne!(second.version, first.version);
+    assert_eq!(b.revisions().await.expect("revisions").current, 1, "the auth record spends no revision");
+    drop(s);
+    assert!(feed.try_recv().is_err(), "the auth record is not an event");
+}
+
 /// Defines one `#[tokio::test]` per contract check for a backend constructor expression
 /// (evaluated inside the async test; it returns the backend and a guard kept alive).
 /// `contract_tests!(make)` runs every check; `contract_tests!(make, single_key_writes)` leaves
@@ -544,7 +566,8 @@ macro_rules! contract_tests {
             txn_compares_every_target, txn_kubernetes_shapes, compact_rev_key_version_cas,
             range_pagination_and_options, historical_reads_and_compaction,
             events_from_mid_history_carry_each_keys_previous_version,
-            txn_is_atomic, put_ignore_value_and_lease, range_stream_parts_are_the_range);
+            txn_is_atomic, put_ignore_value_and_lease, range_stream_parts_are_the_range,
+            auth_record_is_replaced_by_version);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

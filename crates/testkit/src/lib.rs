@@ -1,6 +1,7 @@
 //! Shared test machinery: backend constructors, the backend contract suite ([`contract`]) and
 //! the model-based random checker ([`model`]). Used by the tests of every backend.
 
+pub mod auth;
 pub mod certs;
 pub mod contract;
 pub mod migration;

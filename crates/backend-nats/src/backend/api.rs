@@ -2,7 +2,7 @@
 //! compaction), and shutting the backend down.
 
 use super::{NatsBackend, timed};
-use kine_core::backend::{Backend, BackendStatus, LeaseUpdate, Promotion, Replication, Revisions, Role};
+use kine_core::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Promotion, Replication, Revisions, Role};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
@@ -103,6 +103,14 @@ impl Backend for NatsBackend {
         // next; the client must not try to reconnect to it).
         let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.client.flush()).await;
         let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.client.drain()).await;
+    }
+
+    async fn auth_record(&self) -> Result<Option<AuthRecord>> {
+        self.inner.auth_record().await
+    }
+
+    async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        self.inner.auth_replace(expected, data).await
     }
 
     async fn lease_renew(&self, id: LeaseId, ttl: i64) -> Result<()> {

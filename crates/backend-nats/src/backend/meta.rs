@@ -1,8 +1,10 @@
 //! `<bucket>-meta`, a KV bucket beside the stream: leases (`lease.<id>` → TTL), the compact
-//! revision, and the records of a promotion (`promoted`, on a promoted copy) and of being
-//! superseded by one (`superseded`, on its old origin). None of it is an etcd write, so none of
-//! it spends a revision. Every node follows it.
+//! revision, the auth record (`auth`, read when asked for: `auth.rs`), and the records of a
+//! promotion (`promoted`, on a promoted copy) and of being superseded by one (`superseded`, on
+//! its old origin). None of it is an etcd write, so none of it spends a revision. Every node
+//! follows it.
 
+use super::auth::AUTH;
 use super::{Inner, NATS_TIMEOUT, unavailable};
 use async_nats::jetstream;
 use futures_util::StreamExt;
@@ -60,7 +62,7 @@ impl Inner {
                 }
             }
             SUPERSEDED if put => self.on_superseded(&entry.value),
-            COMPACT_REVISION | SUPERSEDED | PROMOTED => {}
+            COMPACT_REVISION | SUPERSEDED | PROMOTED | AUTH => {}
             _ => self.apply_lease(entry),
         }
     }

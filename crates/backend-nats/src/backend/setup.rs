@@ -64,6 +64,9 @@ pub(super) async fn load_meta(inner: &Inner) -> anyhow::Result<()> {
     let mut keys = inner.meta.keys().await.context("list leases")?;
     while let Some(key) = keys.next().await {
         let key = key.context("list leases")?;
+        if key == super::auth::AUTH {
+            continue; // read when asked for
+        }
         if let Some(entry) = inner.meta.entry(&key).await.context("read a lease")? {
             if key == meta::SUPERSEDED {
                 inner.on_superseded(&entry.value);

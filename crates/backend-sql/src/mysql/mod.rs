@@ -18,7 +18,7 @@ use crate::remote::{PoolOptions, Shared};
 use crate::writer::{Job, Writer, stopped};
 use anyhow::Context;
 use dsn::{Address, Dsn, TlsParam};
-use kine_core::backend::{Backend, BackendStatus, LeaseUpdate, Revisions};
+use kine_core::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
@@ -410,5 +410,19 @@ impl Backend for MysqlBackend {
         self.nudge.wake();
         self.writer.close().await;
         self.readers.clear();
+    }
+
+    async fn auth_record(&self) -> Result<Option<AuthRecord>> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.single(|c| Ok(crate::auth::mysql_record(c)?)).await
+    }
+
+    async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.write(move |c| Ok(crate::auth::mysql_replace(c, expected, &data)?)).await
     }
 }

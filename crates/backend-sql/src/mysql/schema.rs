@@ -2,7 +2,8 @@
 //! change; `live`, the index of each live key's newest version; `meta`; `lease`), InnoDB. `meta.revision` is the revision counter every node's
 //! writer locks (`FOR UPDATE`) for the length of its transaction; `meta.lease_epoch` counts
 //! lease changes (grants, revocations, keep-alives), so each node's feed notices them with one
-//! cheap read (MySQL has no LISTEN/NOTIFY).
+//! cheap read (MySQL has no LISTEN/NOTIFY). `kine_rs_auth` holds the auth record (`auth.rs`),
+//! created at start-up if missing.
 
 use anyhow::{Context, Result};
 use mysql::prelude::Queryable;
@@ -41,6 +42,11 @@ const DDL: &[&str] = &[
         id       BIGINT NOT NULL PRIMARY KEY,
         ttl      BIGINT NOT NULL,
         renewals BIGINT NOT NULL DEFAULT 0
+    ) ENGINE=InnoDB",
+    "CREATE TABLE IF NOT EXISTS kine_rs_auth (
+        name    VARCHAR(64) NOT NULL PRIMARY KEY,
+        version BIGINT      NOT NULL,
+        data    LONGBLOB    NOT NULL
     ) ENGINE=InnoDB",
 ];
 

@@ -19,7 +19,7 @@ pub use crate::remote::{PoolOptions, Shared};
 use crate::writer::{Job, Writer, stopped};
 use anyhow::Context;
 use conn::Sql;
-use kine_core::backend::{Backend, BackendStatus, LeaseUpdate, Revisions};
+use kine_core::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
@@ -373,6 +373,20 @@ impl Backend for PostgresBackend {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.writer.close().await;
         self.readers.clear();
+    }
+
+    async fn auth_record(&self) -> Result<Option<AuthRecord>> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.single(|c| Ok(crate::auth::pg_record(c.client())?)).await
+    }
+
+    async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.write(move |c| Ok(crate::auth::pg_replace(c.client(), expected, &data)?)).await
     }
 }
 

@@ -5,7 +5,7 @@ mod table;
 
 pub use table::MemTable;
 
-use crate::backend::{Backend, BackendStatus, FEED_CAPACITY, Revisions};
+use crate::backend::{AuthRecord, Backend, BackendStatus, FEED_CAPACITY, Revisions};
 use crate::error::{Error, Result};
 use crate::range;
 use crate::request::{RangeRequest, RangeResponse, Revisioned};
@@ -20,6 +20,7 @@ use tokio::sync::broadcast;
 pub struct MemoryBackend {
     table: Mutex<Option<MemTable>>,
     feed: broadcast::Sender<Arc<RevisionEvents>>,
+    auth: Mutex<Option<AuthRecord>>,
     cluster_id: u64,
     member_id: u64,
 }
@@ -35,6 +36,7 @@ impl MemoryBackend {
         MemoryBackend {
             table: Mutex::new(Some(MemTable::default())),
             feed: broadcast::channel(FEED_CAPACITY).0,
+            auth: Mutex::new(None),
             cluster_id: crate::id::random_nonzero(),
             member_id: crate::id::random_nonzero(),
         }
@@ -112,5 +114,18 @@ impl Backend for MemoryBackend {
     }
     async fn close(&self) {
         self.table.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+    async fn auth_record(&self) -> Result<Option<AuthRecord>> {
+        self.with(|_| Ok(()))?;
+        Ok(self.auth.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+    async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        self.with(|_| Ok(()))?;
+        let mut record = self.auth.lock().unwrap_or_else(|p| p.into_inner());
+        if record.as_ref().map(|r| r.version) != expected {
+            return Ok(false);
+        }
+        *record = Some(AuthRecord { version: expected.unwrap_or(0) + 1, data });
+        Ok(true)
     }
 }

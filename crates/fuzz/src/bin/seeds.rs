@@ -94,6 +94,39 @@ fn main() {
     rpc(dir, "members", 17, pb::MemberListRequest { linearizable: true });
     rpc(dir, "promote", 18, pb::MemberPromoteRequest { id: 1 });
     rpc(dir, "move-leader", 19, pb::MoveLeaderRequest { target_id: 1 });
+    // Auth: a root user and role, a role with permissions, enabling, logging in.
+    let user = |name: &str, password: &str| pb::AuthUserAddRequest {
+        name: name.into(),
+        password: password.into(),
+        options: None,
+        hashed_password: String::new(),
+    };
+    rpc(dir, "user-add-root", 24, user("root", "pw"));
+    rpc(dir, "user-grant-root", 29, pb::AuthUserGrantRoleRequest { user: "root".into(), role: "root".into() });
+    rpc(dir, "role-add", 31, pb::AuthRoleAddRequest { name: "r".into() });
+    let perm = kine_proto::authpb::Permission { perm_type: 2, key: b"/a/".to_vec(), range_end: b"/a0".to_vec() };
+    rpc(dir, "role-grant", 35, pb::AuthRoleGrantPermissionRequest { name: "r".into(), perm: Some(perm) });
+    rpc(
+        dir,
+        "role-revoke",
+        36,
+        pb::AuthRoleRevokePermissionRequest { role: "r".into(), key: b"/a/".to_vec(), range_end: vec![0] },
+    );
+    rpc(dir, "role-get", 32, pb::AuthRoleGetRequest { role: "root".into() });
+    rpc(dir, "user-get", 25, pb::AuthUserGetRequest { name: "root".into() });
+    rpc(
+        dir,
+        "change-password",
+        28,
+        pb::AuthUserChangePasswordRequest {
+            name: "root".into(),
+            password: String::new(),
+            hashed_password: "JDJhJDA0JHh4".into(),
+        },
+    );
+    rpc(dir, "auth-enable", 20, pb::AuthEnableRequest {});
+    rpc(dir, "authenticate", 23, pb::AuthenticateRequest { name: "root".into(), password: "pw".into() });
+    rpc(dir, "auth-status", 22, pb::AuthStatusRequest {});
 
     for (i, url) in [
         "nats://",
