@@ -227,6 +227,11 @@ impl Session {
             let reason = "mvcc: watcher range is empty".to_string();
             return self.send(WatchResponse::Rejected { watch_id: -1, revision: current, reason }).await;
         }
+        if c.start_revision < 0 {
+            // etcd 3.6 and 3.7: refused at creation, as a compacted revision.
+            let reason = "etcdserver: mvcc: required revision has been compacted".to_string();
+            return self.send(WatchResponse::Rejected { watch_id: -1, revision: current, reason }).await;
+        }
         let id = if c.watch_id != 0 {
             c.watch_id
         } else {
@@ -237,9 +242,6 @@ impl Session {
             self.next_id - 1
         };
         self.send(WatchResponse::Created { watch_id: id, revision: current }).await?;
-        if c.start_revision < 0 {
-            return self.cancel_compacted(id, revs.compacted).await;
-        }
         let next = if c.start_revision == 0 { current + 1 } else { c.start_revision };
         crate::metrics::metrics().watchers.inc();
         self.watches.insert(
