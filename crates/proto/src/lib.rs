@@ -19,3 +19,7 @@ pub mod v3lockpb {
 pub mod v3electionpb {
     tonic::include_proto!("v3electionpb");
 }
+
+/// The descriptors of every message and service above (with their `google.api.http`
+/// annotations, which give etcd's gRPC-gateway routes).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("../../../proto/etcd.fds");

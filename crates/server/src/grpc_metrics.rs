@@ -113,6 +113,16 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // The JSON gateway's requests (and any other HTTP) are not gRPC calls: no labels made
+        // from their paths.
+        let grpc = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        if !grpc {
+            let fut = self.inner.call(req);
+            return Box::pin(async move { Ok(fut.await?.map(|body| Observed { body, call: None })) });
+        }
         // "/etcdserverpb.KV/Range"
         let (service, method) =
             req.uri().path().trim_start_matches('/').split_once('/').unwrap_or(("unknown", "unknown"));

@@ -10,6 +10,7 @@ mod credentials;
 mod election;
 mod emulation;
 pub mod error;
+mod gateway;
 mod grpc_metrics;
 pub mod http;
 mod kv;
@@ -120,9 +121,7 @@ pub async fn serve(
     let health_service = tonic_health::pb::health_server::HealthServer::new(
         tonic_health::server::HealthService::from_health_reporter(health),
     );
-    let router = builder
-        .layer(grpc_metrics::GrpcMetricsLayer)
-        .add_service(health_service)
+    let grpc = tonic::service::Routes::new(health_service)
         .add_service(pb::kv_server::KvServer::new(kv::KvService(ctx.clone())).max_decoding_message_size(max_decode))
         .add_service(
             pb::watch_server::WatchServer::new(watch::WatchService(ctx.clone())).max_decoding_message_size(max_decode),
@@ -149,6 +148,21 @@ pub async fn serve(
             kine_proto::v3electionpb::election_server::ElectionServer::new(election::ElectionService(ctx.clone()))
                 .max_decoding_message_size(max_decode),
         );
+    let gateway = Arc::new(gateway::Gateway::new(
+        grpc.clone(),
+        &ctx.config.emulated_version,
+        &ctx.config.storage_version(),
+        max_decode,
+    ));
+    let handler = move |request: axum::extract::Request| gateway.clone().handle(request);
+    let served = grpc
+        .into_axum_router()
+        .route("/v3/{*rest}", axum::routing::any(handler.clone()))
+        .route("/v3beta/{*rest}", axum::routing::any(handler.clone()))
+        .route("/version", axum::routing::any(handler))
+        .fallback(gateway::not_found);
+    // HTTP/1.1 too, for the JSON gateway (gRPC needs HTTP/2).
+    let router = builder.accept_http1(true).layer(grpc_metrics::GrpcMetricsLayer).add_routes(served.into());
     let mut stop = shutdown;
     let signal = async move { stop.wait().await };
     match listener {
