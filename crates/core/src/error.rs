@@ -114,6 +114,9 @@ pub enum AuthError {
     InvalidAuthMgmt,
     #[error("revision of auth store is old")]
     AuthOldRevision,
+    /// Authenticate on a node whose JWT key can only verify.
+    #[error("token signing attempted with verify-only key")]
+    VerifyOnly,
     /// A password given for a user added without one.
     #[error("authentication failed, password was given for no password user")]
     NoPasswordUser,

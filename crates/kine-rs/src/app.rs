@@ -264,7 +264,11 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             batch_size: cli.compact_batch_size,
             timeout: cli.compact_timeout,
         },
-        auth: AuthOptions { bcrypt_cost: cli.bcrypt_cost, token_ttl: Duration::from_secs(cli.auth_token_ttl) },
+        auth: AuthOptions {
+            bcrypt_cost: cli.bcrypt_cost,
+            token_ttl: Duration::from_secs(cli.auth_token_ttl),
+            tokens: cli.auth_token.clone(),
+        },
     };
     let backend: Arc<dyn Backend> = Arc::new(
         kine_core::metered::Metered::new(backend, cli.slow_sql_threshold, cli.slow_sql_warning_threshold)

@@ -78,9 +78,11 @@ pub struct Cli {
     pub trusted_ca_file: Option<PathBuf>,
 
     /// etcd's --auth-token: how Authenticate's tokens are made. "simple" (the default; kine-rs's
-    /// simple tokens are signed, so every node on the datastore accepts them)
+    /// simple tokens are signed, so every node on the datastore accepts them), or
+    /// "jwt,sign-method=RS256,pub-key=FILE,priv-key=FILE[,ttl=5m]" (etcd's options; a node with
+    /// only pub-key verifies tokens and cannot issue them)
     #[arg(long, env = "KINE_AUTH_TOKEN", default_value = "simple", value_parser = parse_auth_token)]
-    pub auth_token: String,
+    pub auth_token: kine_core::auth::jwt::TokenKind,
     /// etcd's --auth-token-ttl: seconds a simple token stays valid after its last use
     #[arg(long, env = "KINE_AUTH_TOKEN_TTL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub auth_token_ttl: u64,
@@ -183,12 +185,7 @@ pub enum SnapshotCommand {
     },
 }
 
-/// `--auth-token`: etcd's `TYPE[,OPTION=VALUE...]`; kine-rs makes simple tokens.
-fn parse_auth_token(s: &str) -> Result<String, String> {
-    match s.split(',').next().unwrap_or_default() {
-        "simple" if s == "simple" => Ok(s.to_string()),
-        "simple" => Err("simple tokens take no options".into()),
-        "jwt" => Err("JWT tokens are not supported by kine-rs yet (see COMPAT.md); use \"simple\"".into()),
-        other => Err(format!("unknown token type {other:?}: etcd's are \"simple\" and \"jwt\"")),
-    }
+/// `--auth-token`: etcd's `TYPE[,OPTION=VALUE...]` (key files are read here).
+fn parse_auth_token(s: &str) -> Result<kine_core::auth::jwt::TokenKind, String> {
+    kine_core::auth::jwt::TokenKind::parse(s)
 }

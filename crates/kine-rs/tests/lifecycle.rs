@@ -33,7 +33,9 @@ fn bad_flags_fail_at_start_naming_the_problem() {
     fails_with(&["--emulated-etcd-version", "3.7"], "3.7 is not an etcd version such as 3.7.3");
     fails_with(&["--emulated-etcd-version", "3.4.31"], "3.4.31 is older than etcd 3.5");
     fails_with(&["--listen-address", "nowhere"], "--listen-address \"nowhere\"");
-    fails_with(&["--auth-token", "jwt,sign-method=RS256"], "JWT tokens are not supported by kine-rs yet");
+    fails_with(&["--auth-token", "jwt,sign-method=RS256"], "--auth-token");
+    fails_with(&["--auth-token", "jwt,sign-method=RS256,pub-key=/nonexistent"], "pub-key /nonexistent");
+    fails_with(&["--auth-token", "jwt,sign-method=HS256"], "an HMAC sign-method needs priv-key");
     fails_with(&["--auth-token", "magic"], "unknown token type \"magic\"");
     fails_with(&["--auth-token", "simple,ttl=5m"], "simple tokens take no options");
     fails_with(&["--bcrypt-cost", "3"], "--bcrypt-cost");

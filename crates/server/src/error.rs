@@ -60,7 +60,8 @@ fn auth_code_and_message(e: AuthError) -> (Code, String) {
         InvalidAuthToken => (Code::Unauthenticated, "etcdserver: invalid auth token"),
         InvalidAuthMgmt => (Code::InvalidArgument, "etcdserver: invalid auth management"),
         AuthOldRevision => (Code::InvalidArgument, "etcdserver: revision of auth store is old"),
-        // etcd has no gRPC error for it and sends its internal text as Unknown.
+        // etcd has no gRPC error for these and sends its internal text as Unknown.
+        VerifyOnly => (Code::Unknown, "auth: token signing attempted with verify-only key"),
         NoPasswordUser => (Code::Unknown, "auth: authentication failed, password was given for no password user"),
     };
     (code, text.to_string())

@@ -9,6 +9,7 @@
 //! With auth disabled (the default) every check is one atomic load.
 
 mod check;
+pub mod jwt;
 pub mod perm;
 pub mod state;
 mod token;
@@ -35,11 +36,17 @@ pub struct AuthOptions {
     pub bcrypt_cost: u32,
     /// etcd's `--auth-token-ttl`: a simple token unused for this long is void (default 300 s).
     pub token_ttl: Duration,
+    /// etcd's `--auth-token`: simple tokens or JWTs.
+    pub tokens: jwt::TokenKind,
 }
 
 impl Default for AuthOptions {
     fn default() -> Self {
-        AuthOptions { bcrypt_cost: bcrypt::DEFAULT_COST, token_ttl: Duration::from_secs(300) }
+        AuthOptions {
+            bcrypt_cost: bcrypt::DEFAULT_COST,
+            token_ttl: Duration::from_secs(300),
+            tokens: jwt::TokenKind::Simple,
+        }
     }
 }
 
@@ -51,8 +58,8 @@ pub enum Caller {
     /// Auth is enabled and the request carries no credentials.
     Anonymous,
     /// Auth is enabled and the request comes from this user (a valid token, or the common name
-    /// of a verified client certificate).
-    User(String),
+    /// of a verified client certificate), as of this auth revision (a JWT's; else the current).
+    User(String, u64),
 }
 
 /// The state this node last read, with every user's permissions worked out.
@@ -216,12 +223,17 @@ impl Auth {
         if !self.enabled() {
             return Ok(Caller::Anyone);
         }
-        let Some(token) = token else {
-            return Ok(common_name.map_or(Caller::Anonymous, |cn| Caller::User(cn.to_string())));
-        };
         let known = self.known();
         let state = &known.state;
+        let Some(token) = token else {
+            return Ok(common_name.map_or(Caller::Anonymous, |cn| Caller::User(cn.to_string(), state.revision)));
+        };
         let invalid = || Error::Auth(AuthError::InvalidAuthToken);
+        if let jwt::TokenKind::Jwt(jwt) = &self.options.tokens {
+            // No state: a JWT holds until it expires; a change of the auth state makes it old.
+            let (user, revision) = jwt.verify(token).ok_or_else(invalid)?;
+            return Ok(Caller::User(user, revision));
+        }
         let claims = token::verify(&state.token_key, token).ok_or_else(invalid)?;
         let user = state.users.get(&claims.user).ok_or_else(invalid)?;
         if claims.revision < user.tokens_since || claims.revision < state.tokens_since {
@@ -235,7 +247,7 @@ impl Auth {
             return Err(invalid());
         }
         last_use.insert(token.to_string(), now);
-        Ok(Caller::User(claims.user))
+        Ok(Caller::User(claims.user, state.revision))
     }
 
     /// etcd's admin check: the caller holds role `root`.
@@ -243,7 +255,7 @@ impl Auth {
         match caller {
             Caller::Anyone => Ok(()),
             Caller::Anonymous => Err(AuthError::UserEmpty.into()),
-            Caller::User(name) => match self.known().perms.get(name) {
+            Caller::User(name, _) => match self.known().perms.get(name) {
                 None => Err(AuthError::UserNotFound.into()),
                 Some(p) if p.is_root() => Ok(()),
                 Some(_) => Err(AuthError::PermissionDenied.into()),
@@ -268,10 +280,17 @@ impl Auth {
         match caller {
             Caller::Anyone => Ok(()),
             Caller::Anonymous => Err(AuthError::UserEmpty.into()),
-            Caller::User(name) => match self.known().perms.get(name) {
-                Some(p) if p.allows(kind, range) => Ok(()),
-                _ => Err(AuthError::PermissionDenied.into()),
-            },
+            Caller::User(name, revision) => {
+                let known = self.known();
+                // etcd: a token from before the last change of users, roles or permissions.
+                if *revision < known.state.revision {
+                    return Err(AuthError::AuthOldRevision.into());
+                }
+                match known.perms.get(name) {
+                    Some(p) if p.allows(kind, range) => Ok(()),
+                    _ => Err(AuthError::PermissionDenied.into()),
+                }
+            }
         }
     }
 
@@ -305,6 +324,10 @@ impl Auth {
         let hash = String::from_utf8(user.password.clone().unwrap_or_default()).unwrap_or_default();
         if !self.verify_password(password, hash).await {
             return Err(AuthError::AuthFailed.into());
+        }
+        if let jwt::TokenKind::Jwt(jwt) = &self.options.tokens {
+            let now = now_millis() / 1000;
+            return jwt.sign(name, state.revision, now).ok_or_else(|| AuthError::VerifyOnly.into());
         }
         let claims = token::Claims { user: name.to_string(), revision: state.revision, issued: now_millis() };
         Ok(token::issue(&state.token_key, &claims))
@@ -378,7 +401,7 @@ impl Auth {
 
     /// UserGet: the user's roles. Its caller must be an admin or the user.
     pub async fn user_get(&self, caller: &Caller, name: &str) -> Result<Vec<String>> {
-        if !matches!(caller, Caller::User(me) if me == name) {
+        if !matches!(caller, Caller::User(me, _) if me == name) {
             self.admin(caller)?;
         }
         Ok(self.reload().await?.state.user(name)?.roles.clone())
@@ -387,7 +410,7 @@ impl Auth {
     /// RoleGet: the role's permissions. Its caller must be an admin or hold the role.
     pub async fn role_get(&self, caller: &Caller, role: &str) -> Result<Vec<Permission>> {
         let known = self.reload().await?;
-        let holds = matches!(caller, Caller::User(me) if known.state.users.get(me).is_some_and(|u| u.roles.iter().any(|r| r == role)));
+        let holds = matches!(caller, Caller::User(me, _) if known.state.users.get(me).is_some_and(|u| u.roles.iter().any(|r| r == role)));
         if !holds {
             self.admin(caller)?;
         }

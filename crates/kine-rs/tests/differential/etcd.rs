@@ -52,6 +52,11 @@ pub struct Etcd {
 
 impl Etcd {
     pub fn start(version: Version) -> Etcd {
+        Self::start_with(version, &[])
+    }
+
+    /// With more flags (`--auth-token …`).
+    pub fn start_with(version: Version, extra: &[&str]) -> Etcd {
         let dir = TempDir::new("etcd");
         let (port, peer) = (free_port(), free_port());
         let client = format!("http://127.0.0.1:{port}");
@@ -63,6 +68,7 @@ impl Etcd {
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("default={peer_url}"), "--log-level", "warn"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
