@@ -81,7 +81,8 @@ pub async fn run(
     for t in tasks {
         t.abort();
     }
-    let id = copy.member_list().await?.members().first().context("the copy lists no member")?.id();
+    // The copy's own member id (its MemberList names its origin's nodes too).
+    let id = copy.status().await?.header().context("the copy's status has no header")?.member_id();
     let promoted_revision = loop {
         match copy.member_promote(id).await {
             Ok(r) => break r.header().map_or(0, |h| h.revision()),

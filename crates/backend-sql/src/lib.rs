@@ -6,6 +6,7 @@
 
 mod auth;
 mod events;
+mod members;
 mod mysql;
 mod pg;
 mod pool;

@@ -74,6 +74,25 @@ pub trait Backend: Send + Sync + 'static {
     /// copy refuses (its `Role::refusal`).
     async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool>;
 
+    /// For datastores shared by several nodes: stores this node's member record (opaque bytes,
+    /// made by `members`), replacing the one it stored before. Outside the key space (no
+    /// revision, no event). A read-only copy stores nothing and answers `Ok`.
+    async fn member_put(&self, _id: u64, _record: Vec<u8>) -> Result<()> {
+        Ok(())
+    }
+
+    /// For shared datastores: every member record stored by any node (`None`: the datastore
+    /// serves one node only, this one). A copy lists its origin's.
+    async fn member_records(&self) -> Result<Option<Vec<(u64, Vec<u8>)>>> {
+        Ok(None)
+    }
+
+    /// For shared datastores: removes a member record (this node's at shutdown, or a long-dead
+    /// node's). Removing a missing record is `Ok`.
+    async fn member_delete(&self, _id: u64) -> Result<()> {
+        Ok(())
+    }
+
     /// For datastores shared by several kine-rs nodes: records a keep-alive so that every
     /// node extends the lease. Single-node backends need nothing.
     async fn lease_renew(&self, _id: LeaseId, _ttl: i64) -> Result<()> {

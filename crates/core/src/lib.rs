@@ -13,6 +13,7 @@ pub mod health;
 pub mod id;
 pub mod lease;
 pub mod lock;
+pub mod members;
 pub mod memory;
 pub mod metered;
 pub mod metrics;

@@ -245,6 +245,18 @@ impl Backend for Metered {
         self.observe("AuthReplace", String::new, self.inner.auth_replace(expected, data)).await
     }
 
+    async fn member_put(&self, id: u64, record: Vec<u8>) -> Result<()> {
+        self.observe("MemberPut", String::new, self.inner.member_put(id, record)).await
+    }
+
+    async fn member_records(&self) -> Result<Option<Vec<(u64, Vec<u8>)>>> {
+        self.observe("MemberRecords", String::new, self.inner.member_records()).await
+    }
+
+    async fn member_delete(&self, id: u64) -> Result<()> {
+        self.observe("MemberDelete", String::new, self.inner.member_delete(id)).await
+    }
+
     async fn close(&self) {
         self.inner.close().await
     }

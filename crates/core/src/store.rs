@@ -7,6 +7,7 @@ use crate::backend::{Backend, BackendStatus, Promotion};
 use crate::compactor::{self, CompactOptions};
 use crate::error::{Error, Result};
 use crate::lease::{Lessor, TimeToLive};
+use crate::members::{Identity, Members};
 use crate::request::*;
 use crate::shutdown::Shutdown;
 use crate::snapshot;
@@ -24,6 +25,8 @@ pub struct StoreOptions {
     pub watch_progress_interval: Duration,
     pub compact: CompactOptions,
     pub auth: AuthOptions,
+    /// This node's name and client URLs, as MemberList shows them.
+    pub identity: Identity,
 }
 
 impl Default for StoreOptions {
@@ -32,6 +35,7 @@ impl Default for StoreOptions {
             watch_progress_interval: Duration::from_secs(5),
             compact: CompactOptions::default(),
             auth: AuthOptions::default(),
+            identity: Identity { name: "kine-rs".into(), client_urls: Vec::new() },
         }
     }
 }
@@ -40,6 +44,7 @@ pub struct Store {
     backend: Arc<dyn Backend>,
     lessor: Arc<Lessor>,
     auth: Arc<Auth>,
+    members: Arc<Members>,
     options: StoreOptions,
     alarms: Alarms,
 }
@@ -60,7 +65,8 @@ impl Store {
     pub async fn open(backend: Arc<dyn Backend>, options: StoreOptions) -> Result<Arc<Store>> {
         let lessor = Lessor::load(backend.clone()).await?;
         let auth = Auth::open(backend.clone(), options.auth.clone()).await?;
-        Ok(Arc::new(Store { backend, lessor, auth, options, alarms: Alarms::default() }))
+        let members = Arc::new(Members::new(backend.clone(), options.identity.clone()));
+        Ok(Arc::new(Store { backend, lessor, auth, members, options, alarms: Alarms::default() }))
     }
 
     /// Starts the store's background tasks (lease expiry, automatic compaction).
@@ -70,11 +76,17 @@ impl Store {
             tokio::spawn(self.lessor.clone().follow_updates(shutdown.clone())),
             tokio::spawn(compactor::run(self.backend.clone(), self.options.compact.clone(), shutdown.clone())),
             self.auth.clone().spawn_refresh(shutdown.clone()),
+            self.members.clone().spawn(shutdown.clone()),
         ]
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// The nodes serving this datastore (MemberList).
+    pub fn members(&self) -> &Arc<Members> {
+        &self.members
     }
 
     /// Users, roles, tokens and permission checks.

@@ -48,7 +48,6 @@ fn harness() -> &'static Harness {
             let config = ServerConfig {
                 max_request_bytes: 1_572_864,
                 emulated_version: "3.7.3".into(),
-                client_urls: vec![format!("http://{address}")],
                 client_cert_auth: false,
             };
             tokio::spawn(kine_server::serve(store, config, Listener::Tcp(listener), None, reporter, shutdown));

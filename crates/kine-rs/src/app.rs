@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use kine_core::auth::AuthOptions;
 use kine_core::backend::Backend;
 use kine_core::compactor::CompactOptions;
+use kine_core::members::Identity as MemberIdentity;
 use kine_core::shutdown::{self, Shutdown, ShutdownTrigger};
 use kine_core::store::{Store, StoreOptions};
 use std::sync::Arc;
@@ -269,6 +270,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             token_ttl: Duration::from_secs(cli.auth_token_ttl),
             tokens: cli.auth_token.clone(),
         },
+        identity: MemberIdentity { name: cli.name.clone(), client_urls: vec![bound.client_url.clone()] },
     };
     let backend: Arc<dyn Backend> = Arc::new(
         kine_core::metered::Metered::new(backend, cli.slow_sql_threshold, cli.slow_sql_warning_threshold)
@@ -312,7 +314,6 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
     let config = kine_server::ServerConfig {
         max_request_bytes: cli.max_request_bytes as usize,
         emulated_version: cli.emulated_etcd_version.clone(),
-        client_urls: vec![bound.client_url.clone()],
         client_cert_auth: cli.trusted_ca_file.is_some(),
     };
     let server = tokio::spawn(kine_server::serve(store.clone(), config, bound.listener, tls, health, stop.clone()));

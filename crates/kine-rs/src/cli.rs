@@ -77,6 +77,10 @@ pub struct Cli {
     #[arg(long, env = "KINE_TRUSTED_CA_FILE")]
     pub trusted_ca_file: Option<PathBuf>,
 
+    /// etcd's --name: this node's name in MemberList (every node serving the datastore is listed)
+    #[arg(long, env = "KINE_NAME", default_value = "kine-rs")]
+    pub name: String,
+
     /// etcd's --auth-token: how Authenticate's tokens are made. "simple" (the default; kine-rs's
     /// simple tokens are signed, so every node on the datastore accepts them), or
     /// "jwt,sign-method=RS256,pub-key=FILE,priv-key=FILE[,ttl=5m]" (etcd's options; a node with

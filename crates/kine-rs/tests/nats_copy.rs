@@ -112,8 +112,12 @@ async fn a_copy_serves_what_its_origin_serves_and_refuses_writes() {
     assert_eq!(status.raft_applied_index(), last as u64);
     assert_ne!(status.leader(), 0);
     assert!(!o.status().await.unwrap().is_learner());
+    // The copy lists itself as a learner and its origin as a voting member.
+    let (me, origin_id) = (own_member(&mut c).await, own_member(&mut o).await.id());
+    assert!(me.is_learner());
     let members = c.member_list().await.unwrap();
-    assert!(members.members()[0].is_learner());
+    let origin_entry = members.members().iter().find(|m| m.id() == origin_id).expect("the origin is listed");
+    assert!(!origin_entry.is_learner());
     // Snapshot and read-only transactions work; a progress request is answered.
     let mut snapshot = c.snapshot().await.unwrap();
     let mut bytes = 0;
@@ -272,13 +276,13 @@ async fn promotion_keeps_every_revision_and_fences_the_old_origin() {
     let before = listing(c.get("/registry/", all()).await.unwrap());
 
     // Not a copy, a wrong member id: refused, nothing changed.
-    let origin_id = o.member_list().await.unwrap().members()[0].id();
+    let origin_id = own_member(&mut o).await.id();
     let (code, message) = status_of(o.member_promote(origin_id).await.unwrap_err());
     assert_eq!(
         (code, message.as_str()),
         (tonic::Code::FailedPrecondition, "etcdserver: can only promote a learner member")
     );
-    let id = c.member_list().await.unwrap().members()[0].id();
+    let id = own_member(&mut c).await.id();
     let (code, message) = status_of(c.member_promote(id ^ 1).await.unwrap_err());
     assert_eq!((code, message.as_str()), (tonic::Code::NotFound, "etcdserver: member not found"));
 
@@ -286,7 +290,7 @@ async fn promotion_keeps_every_revision_and_fences_the_old_origin() {
     origin.child.kill().unwrap();
     origin.child.wait().unwrap();
     let promoted = c.member_promote(id).await.unwrap();
-    assert!(!promoted.members()[0].is_learner());
+    assert!(!promoted.members().iter().find(|m| m.id() == id).expect("the promoted node is listed").is_learner());
     assert!(!c.status().await.unwrap().is_learner());
     let (code, message) = status_of(c.member_promote(id).await.unwrap_err());
     assert_eq!(
@@ -361,7 +365,7 @@ async fn a_planned_promotion_loses_nothing() {
         })
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let id = c.member_list().await.unwrap().members()[0].id();
+    let id = own_member(&mut c).await.id();
     c.member_promote(id).await.unwrap();
     let (acked, refused) = writer.await.unwrap();
     let (code, message) = refused.expect("the origin refused writes once fenced");
@@ -394,7 +398,7 @@ async fn a_new_bucket_under_the_old_origins_name_is_not_fenced() {
     for stream in ["KV_kine", "KV_kine-meta"] {
         js.delete_stream(stream).await.unwrap();
     }
-    let id = c.member_list().await.unwrap().members()[0].id();
+    let id = own_member(&mut c).await.id();
     c.member_promote(id).await.unwrap();
     assert!(copy.log().contains("promoting without it"), "{}", copy.log());
     // A new bucket under the old name is another datastore: the promoted copy leaves it alone.

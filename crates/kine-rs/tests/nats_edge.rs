@@ -174,7 +174,7 @@ async fn edge_hub_copies_link_cut_and_promotion() {
     // The edge is lost; the hub's copy is promoted (the old origin cannot be reached).
     edge.child.kill().unwrap();
     edge.child.wait().unwrap();
-    let id = c.member_list().await.unwrap().members()[0].id();
+    let id = own_member(&mut c).await.id();
     c.member_promote(id).await.unwrap();
     for a in &load.acked {
         let r = c.get(a.key.as_str(), Some(GetOptions::new().with_revision(a.revision))).await.unwrap();

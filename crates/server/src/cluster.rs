@@ -1,5 +1,6 @@
-//! The etcd Cluster service: this node is the only member (a learner while it serves a read-only
-//! copy, which MemberPromote turns into the primary).
+//! The etcd Cluster service: the members are the kine-rs nodes serving the datastore
+//! (`kine_core::members`; a node is a learner while it serves a read-only copy, which
+//! MemberPromote turns into the primary).
 
 use crate::Context;
 use crate::credentials::{require_admin, require_user};
@@ -42,24 +43,34 @@ impl pb::cluster_server::Cluster for ClusterService {
             "promoted: this node now serves reads and writes"
         );
         let revision = self.0.store.current_revision().await.map_err(status)?;
-        Ok(Response::new(pb::MemberPromoteResponse { header: self.0.headers.at(revision), members: vec![self.me()] }))
+        Ok(Response::new(pb::MemberPromoteResponse {
+            header: self.0.headers.at(revision),
+            members: self.members().await?,
+        }))
     }
     async fn member_list(&self, r: Request<pb::MemberListRequest>) -> Result<Response<pb::MemberListResponse>, Status> {
         require_user(&self.0, &r)?;
         let revision = self.0.store.current_revision().await.map_err(status)?;
-        Ok(Response::new(pb::MemberListResponse { header: self.0.headers.at(revision), members: vec![self.me()] }))
+        Ok(Response::new(pb::MemberListResponse {
+            header: self.0.headers.at(revision),
+            members: self.members().await?,
+        }))
     }
 }
 
 impl ClusterService {
-    /// This node, a learner while it serves a read-only copy.
-    fn me(&self) -> pb::Member {
-        pb::Member {
-            id: self.0.headers.member_id,
-            name: "kine-rs".into(),
-            peer_ur_ls: Vec::new(),
-            client_ur_ls: self.0.config.client_urls.clone(),
-            is_learner: self.0.store.backend().role().is_learner(),
-        }
+    /// Every node serving this datastore (each a learner while it serves a read-only copy).
+    async fn members(&self) -> Result<Vec<pb::Member>, Status> {
+        let members = self.0.store.members().list().await.map_err(status)?;
+        Ok(members
+            .into_iter()
+            .map(|m| pb::Member {
+                id: m.id,
+                name: m.name,
+                peer_ur_ls: Vec::new(),
+                client_ur_ls: m.client_urls,
+                is_learner: m.learner,
+            })
+            .collect())
     }
 }

@@ -49,8 +49,6 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     /// Reported by Maintenance.Status; kube-apiserver enables features by it.
     pub emulated_version: String,
-    /// Reported by Cluster.MemberList.
-    pub client_urls: Vec<String>,
     /// Client certificates are verified: with auth enabled, a request without a token comes
     /// from the user its certificate's common name names (etcd's `--client-cert-auth`).
     pub client_cert_auth: bool,

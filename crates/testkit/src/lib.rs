@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod certs;
 pub mod contract;
+pub mod members;
 pub mod migration;
 pub mod model;
 pub mod mysql;

@@ -1,7 +1,8 @@
 //! A database written by an older schema is migrated when a node opens it: lists, counts and
-//! historical reads answer as before, and writes go on, the auth record's too. `downgrade` turns
-//! a freshly written database back into the older schema (for schema 1: drops `live` and
-//! `kine_rs_auth`, sets `schema_version` to 1), the way such a database looks.
+//! historical reads answer as before, and writes go on, the auth record's and the member
+//! registry's too. `downgrade` turns a freshly written database back into the older schema (for
+//! schema 1: drops `live`, `kine_rs_auth` and `kine_rs_members`, sets `schema_version` to 1), the
+//! way such a database looks.
 
 use crate::contract::{prefix, put, store};
 use kine_core::backend::Backend;
@@ -41,5 +42,9 @@ pub async fn schema_1_is_migrated(open: impl Fn() -> Arc<dyn Backend>, downgrade
     let (list, count) = read(&b, 0).await;
     assert_eq!((list.kvs.len(), count), (20, 20), "writes after migration are indexed");
     assert!(b.auth_replace(None, b"auth".to_vec()).await.expect("auth record after migration"));
+    b.member_put(7, b"member".to_vec()).await.expect("member record after migration");
+    if let Some(records) = b.member_records().await.expect("member records after migration") {
+        assert_eq!(records, [(7, b"member".to_vec())], "member records after migration");
+    }
     b.close().await;
 }

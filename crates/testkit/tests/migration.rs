@@ -4,9 +4,10 @@
 use kine_testkit::migration::schema_1_is_migrated;
 use std::path::Path;
 
-/// Schema 1 had neither `live` nor the auth record's table.
-const DOWNGRADE: &str =
-    "DROP TABLE live; DROP TABLE kine_rs_auth; UPDATE meta SET value = 1 WHERE name = 'schema_version'";
+/// Schema 1 had neither `live` nor the auth record's table nor the member registry's (which
+/// SQLite never has: a single node's datastore).
+const DOWNGRADE: &str = "DROP TABLE live; DROP TABLE kine_rs_auth; DROP TABLE IF EXISTS kine_rs_members;
+UPDATE meta SET value = 1 WHERE name = 'schema_version'";
 
 /// A SQLite database as schema 2 wrote it: `kv` a `WITHOUT ROWID` table clustered on
 /// `(mod_revision, sub)`, with its two secondary indexes.

@@ -113,6 +113,18 @@ impl Backend for NatsBackend {
         self.inner.auth_replace(expected, data).await
     }
 
+    async fn member_put(&self, id: u64, record: Vec<u8>) -> Result<()> {
+        self.inner.member_put(id, record).await
+    }
+
+    async fn member_records(&self) -> Result<Option<Vec<(u64, Vec<u8>)>>> {
+        self.inner.member_records().await.map(Some)
+    }
+
+    async fn member_delete(&self, id: u64) -> Result<()> {
+        self.inner.member_delete(id).await
+    }
+
     async fn lease_renew(&self, id: LeaseId, ttl: i64) -> Result<()> {
         self.inner.lease_renew(id, ttl).await
     }

@@ -1,10 +1,12 @@
 //! `<bucket>-meta`, a KV bucket beside the stream: leases (`lease.<id>` → TTL), the compact
-//! revision, the auth record (`auth`, read when asked for: `auth.rs`), and the records of a
+//! revision, the auth record (`auth`, read when asked for: `auth.rs`), the member registry
+//! (`member.<id>`, read when asked for: `members.rs`), and the records of a
 //! promotion (`promoted`, on a promoted copy) and of being superseded by one (`superseded`, on
 //! its old origin). None of it is an etcd write, so none of it spends a revision. Every node
 //! follows it.
 
 use super::auth::AUTH;
+use super::members::is_member;
 use super::{Inner, NATS_TIMEOUT, unavailable};
 use async_nats::jetstream;
 use futures_util::StreamExt;
@@ -63,6 +65,7 @@ impl Inner {
             }
             SUPERSEDED if put => self.on_superseded(&entry.value),
             COMPACT_REVISION | SUPERSEDED | PROMOTED | AUTH => {}
+            key if is_member(key) => {}
             _ => self.apply_lease(entry),
         }
     }

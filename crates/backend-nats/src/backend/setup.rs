@@ -64,7 +64,7 @@ pub(super) async fn load_meta(inner: &Inner) -> anyhow::Result<()> {
     let mut keys = inner.meta.keys().await.context("list leases")?;
     while let Some(key) = keys.next().await {
         let key = key.context("list leases")?;
-        if key == super::auth::AUTH {
+        if key == super::auth::AUTH || super::members::is_member(&key) {
             continue; // read when asked for
         }
         if let Some(entry) = inner.meta.entry(&key).await.context("read a lease")? {

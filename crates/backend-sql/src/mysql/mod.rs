@@ -425,4 +425,25 @@ impl Backend for MysqlBackend {
         }
         self.readers.write(move |c| Ok(crate::auth::mysql_replace(c, expected, &data)?)).await
     }
+
+    async fn member_put(&self, id: u64, record: Vec<u8>) -> Result<()> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.write(move |c| Ok(crate::members::mysql_put(c, id, &record)?)).await
+    }
+
+    async fn member_records(&self) -> Result<Option<Vec<(u64, Vec<u8>)>>> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.single(|c| Ok(Some(crate::members::mysql_records(c)?))).await
+    }
+
+    async fn member_delete(&self, id: u64) -> Result<()> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.write(move |c| Ok(crate::members::mysql_delete(c, id)?)).await
+    }
 }

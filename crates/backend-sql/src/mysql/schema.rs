@@ -2,8 +2,8 @@
 //! change; `live`, the index of each live key's newest version; `meta`; `lease`), InnoDB. `meta.revision` is the revision counter every node's
 //! writer locks (`FOR UPDATE`) for the length of its transaction; `meta.lease_epoch` counts
 //! lease changes (grants, revocations, keep-alives), so each node's feed notices them with one
-//! cheap read (MySQL has no LISTEN/NOTIFY). `kine_rs_auth` holds the auth record (`auth.rs`),
-//! created at start-up if missing.
+//! cheap read (MySQL has no LISTEN/NOTIFY). `kine_rs_auth` holds the auth record (`auth.rs`)
+//! and `kine_rs_members` the member registry (`members.rs`), both created at start-up if missing.
 
 use anyhow::{Context, Result};
 use mysql::prelude::Queryable;
@@ -47,6 +47,10 @@ const DDL: &[&str] = &[
         name    VARCHAR(64) NOT NULL PRIMARY KEY,
         version BIGINT      NOT NULL,
         data    LONGBLOB    NOT NULL
+    ) ENGINE=InnoDB",
+    "CREATE TABLE IF NOT EXISTS kine_rs_members (
+        id   BIGINT   NOT NULL PRIMARY KEY,
+        data LONGBLOB NOT NULL
     ) ENGINE=InnoDB",
 ];
 

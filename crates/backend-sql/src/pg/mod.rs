@@ -388,6 +388,27 @@ impl Backend for PostgresBackend {
         }
         self.readers.write(move |c| Ok(crate::auth::pg_replace(c.client(), expected, &data)?)).await
     }
+
+    async fn member_put(&self, id: u64, record: Vec<u8>) -> Result<()> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.write(move |c| Ok(crate::members::pg_put(c.client(), id, &record)?)).await
+    }
+
+    async fn member_records(&self) -> Result<Option<Vec<(u64, Vec<u8>)>>> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.single(|c| Ok(Some(crate::members::pg_records(c.client())?))).await
+    }
+
+    async fn member_delete(&self, id: u64) -> Result<()> {
+        if self.writer.is_stopped() {
+            return Err(stopped());
+        }
+        self.readers.write(move |c| Ok(crate::members::pg_delete(c.client(), id)?)).await
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! (`FOR UPDATE`) for the length of its transaction, so revisions are gap-free and commit in
 //! order whatever the number of nodes. `lease.renewals` counts keep-alives (from any node): an
 //! expired lease is revoked only if nobody renewed it since this node last heard of it.
-//! `kine_rs_auth` holds the auth record (`auth.rs`), created at start-up if missing.
+//! `kine_rs_auth` holds the auth record (`auth.rs`) and `kine_rs_members` the member registry
+//! (`members.rs`), both created at start-up if missing.
 
 use super::conn::Sql;
 use anyhow::{Context, Result};
@@ -36,6 +37,7 @@ CREATE TABLE IF NOT EXISTS live (key BYTEA PRIMARY KEY, mod_revision BIGINT NOT 
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS lease (id BIGINT PRIMARY KEY, ttl BIGINT NOT NULL, renewals BIGINT NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS kine_rs_auth (name TEXT PRIMARY KEY, version BIGINT NOT NULL, data BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS kine_rs_members (id BIGINT PRIMARY KEY, data BYTEA NOT NULL);
 ";
 
 /// Fills `live` (each live key's newest version, see the SQLite schema) from the log.

@@ -230,3 +230,10 @@ pub fn status_of(e: Error) -> (tonic::Code, String) {
         other => panic!("expected a gRPC status, got {other:?}"),
     }
 }
+
+/// This node's own entry in MemberList (a copy lists its origin's nodes as well).
+pub async fn own_member(client: &mut Client) -> Member {
+    let id = client.status().await.expect("status").header().expect("a header").member_id();
+    let list = client.member_list().await.expect("member list");
+    list.members().iter().find(|m| m.id() == id).cloned().unwrap_or_else(|| panic!("{id:x} is not in {list:?}"))
+}
