@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # python-etcd3's own test suite (0.12.0, unmodified, from its PyPI sdist; scripts/install-test-deps
 # installs it) against kine-rs on 127.0.0.1:2379 inside a private network namespace (some of its
-# tests hard-code localhost:2379), on a fresh datastore. On NATS, three kine-rs nodes named
-# pifpaf0..2 serve one bucket (the suite expects pifpaf's 3-member cluster); on SQLite and
-# memory, one node.
+# tests hard-code localhost:2379), on a fresh datastore. On NATS, PostgreSQL and MariaDB, three
+# kine-rs nodes named pifpaf0..2 serve one bucket or database (the suite expects pifpaf's
+# 3-member cluster); on SQLite and memory, one node. The servers (nats-server, a throwaway
+# PostgreSQL or MariaDB) run inside the namespace too.
 #
-#   scripts/python-etcd3.sh [sqlite|memory|nats]
+#   scripts/python-etcd3.sh [sqlite|memory|nats|postgres|mysql]
 #
 # Tests that need what kine-rs does not have are left out, named below with the reason
 # (COMPAT.md, "Clients"). Every other test must pass. Needs root (unshare -n).
@@ -23,7 +24,9 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [ "$backend" = postgres ]; then pg_throwaway_stop; fi
+  if [ "$backend" = mysql ]; then mysql_throwaway_stop; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -35,10 +38,20 @@ case $backend in
     pids+=($!)
     endpoint="nats://127.0.0.1:4222?noEmbed"
     ;;
+  postgres)
+    source scripts/pg-throwaway.sh
+    pg_throwaway_start || { echo "python-etcd3: cannot start PostgreSQL" >&2; exit 1; }
+    endpoint="$PG_THROWAWAY_URL/python_etcd3"
+    ;;
+  mysql)
+    source scripts/mysql-throwaway.sh
+    mysql_throwaway_start || { echo "python-etcd3: cannot start MariaDB" >&2; exit 1; }
+    endpoint="$MYSQL_THROWAWAY_URL/python_etcd3"
+    ;;
   *) echo "python-etcd3: unknown backend $backend" >&2; exit 2 ;;
 esac
-nodes=1
-[ "$backend" = nats ] && nodes=3
+nodes=3
+case $backend in sqlite | memory) nodes=1 ;; esac
 for i in $(seq 0 $((nodes - 1))); do
   "$bin" --name "pifpaf$i" --endpoint "$endpoint" --listen-address "127.0.0.1:$((2379 + 2 * i))" \
     --metrics-bind-address 0 --bcrypt-cost 4 >"$work/kine-rs-$i.log" 2>&1 &

@@ -219,9 +219,16 @@ fn create_database(connector: &Connector) -> anyhow::Result<()> {
             tracing::info!(database = %name, "PostgreSQL database created");
             Ok(())
         }
-        // Another node created it first.
-        Err(e) if e.code() == Some(&postgres::error::SqlState::DUPLICATE_DATABASE) => Ok(()),
-        Err(e) => Err(anyhow::Error::new(e).context(format!("create database {name}"))),
+        // Another node created it first: 42P04, or, when both ran at the same moment, a unique
+        // violation on pg_database's name index. Whatever the error, a database that exists now
+        // is the one wanted.
+        Err(e) => {
+            let exists = client.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name]);
+            match exists {
+                Ok(Some(_)) => Ok(()),
+                _ => Err(anyhow::Error::new(e).context(format!("create database {name}"))),
+            }
+        }
     }
 }
 
