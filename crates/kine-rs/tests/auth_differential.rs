@@ -439,17 +439,7 @@ async fn compare(version: etcd::Version) {
     let kine =
         Server::start(&["--endpoint", &endpoint, "--emulated-etcd-version", version.emulated(), "--bcrypt-cost", "4"]);
     let got = script(&kine.url).await;
-    for (i, (want, have)) in expected.iter().zip(&got).enumerate() {
-        assert_eq!(
-            want,
-            have,
-            "line {i} differs (etcd first)\netcd:\n{}\nkine-rs:\n{}",
-            expected.join("\n"),
-            got.join("\n")
-        );
-    }
-    assert_eq!(expected.len(), got.len());
-    assert!(expected.len() > 150, "the script ran to its end");
+    common::assert_same_transcript(&expected, &got, 150);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

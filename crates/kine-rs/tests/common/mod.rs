@@ -142,6 +142,22 @@ pub fn path_buf(p: &Path) -> PathBuf {
     p.to_path_buf()
 }
 
+/// For differential tests: the transcripts etcd (`expected`) and kine-rs (`got`) produced for one
+/// script are equal line by line, and the script ran to its end (more than `min_lines` lines).
+pub fn assert_same_transcript(expected: &[String], got: &[String], min_lines: usize) {
+    for (i, (want, have)) in expected.iter().zip(got).enumerate() {
+        assert_eq!(
+            want,
+            have,
+            "line {i} differs (etcd first)\netcd:\n{}\nkine-rs:\n{}",
+            expected.join("\n"),
+            got.join("\n")
+        );
+    }
+    assert_eq!(expected.len(), got.len());
+    assert!(expected.len() > min_lines, "the script ran to its end");
+}
+
 /// Runs `op` until it succeeds; only Unavailable (the NATS cluster is still electing a leader)
 /// is retried, for up to `limit`. Returns the result and how long that took.
 pub async fn until_served<T, F, Fut>(what: &str, limit: Duration, mut op: F) -> (T, Duration)
