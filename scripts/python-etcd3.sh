@@ -64,10 +64,7 @@ done
 etcdctl --endpoints 127.0.0.1:2379 endpoint health >/dev/null || { cat "$work/kine-rs-0.log"; exit 1; }
 
 t=tests/test_etcd3.py
-left_out=(
-  # `etcdctl snapshot status` on the Snapshot stream: needs etcd's bbolt file format.
-  "$t::TestEtcd3::test_snapshot"
-)
+left_out=()
 if [ "$nodes" = 1 ]; then
   left_out+=(
     # Want a 3-member cluster named pifpaf0..2 (SQLite and memory serve one node): MemberList,

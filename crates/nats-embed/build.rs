@@ -11,7 +11,7 @@ fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let go_dir = manifest.join("go");
-    for file in ["shim.go", "memory.go", "go.mod", "go.sum"] {
+    for file in ["shim.go", "memory.go", "bolt.go", "go.mod", "go.sum"] {
         println!("cargo:rerun-if-changed={}", go_dir.join(file).display());
     }
     println!("cargo:rerun-if-env-changed=GO");

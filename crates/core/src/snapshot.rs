@@ -37,6 +37,30 @@ pub struct Snapshot {
     pub kvs: Vec<KeyValue>,
 }
 
+/// What a snapshot holds besides its keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    pub revision: Revision,
+    pub compact_revision: Revision,
+    pub cluster_id: u64,
+    pub member_id: u64,
+    /// Sorted by id.
+    pub leases: Vec<(LeaseId, i64)>,
+}
+
+/// A snapshot file format other than kine-rs's own (etcd's bbolt file, written by the binary
+/// that links a bbolt implementation).
+pub trait Format: Send + Sync + std::fmt::Debug {
+    /// Writes a snapshot into the new file `out`: `head`, then the live keys that `next_page`
+    /// returns page by page in key order until `None`. Blocking; the file is synced.
+    fn write(
+        &self,
+        head: &Head,
+        next_page: &mut dyn FnMut() -> Result<Option<Vec<KeyValue>>>,
+        out: &std::path::Path,
+    ) -> Result<()>;
+}
+
 /// The live keys at one revision (> 0), page by page in key order.
 pub struct Pages<'a> {
     backend: &'a dyn Backend,
@@ -131,9 +155,7 @@ pub async fn hash(backend: &dyn Backend, revision: Revision, leases: Option<&[(L
 /// Decodes a snapshot file as `etcdctl snapshot save` writes it (body, then its sha256).
 pub fn decode(file: &[u8]) -> std::result::Result<Snapshot, String> {
     if file.len() < MAGIC.len() || &file[..MAGIC.len()] != MAGIC {
-        return Err("not a kine-rs snapshot (an etcd snapshot, a bbolt file, cannot be restored into kine-rs; \
-                    take the snapshot from kine-rs)"
-            .into());
+        return Err("not a kine-rs snapshot".into());
     }
     if file.len() < MAGIC.len() + 32 {
         return Err("the snapshot is truncated".into());

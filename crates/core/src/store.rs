@@ -227,18 +227,31 @@ impl Store {
         Ok((snapshot::hash(self.backend.as_ref(), current, Some(&leases)).await?, current))
     }
 
-    /// Writes a snapshot of the current key space and leases (without its sha256, which the
-    /// caller appends) to `out`. Returns the revision it holds.
-    pub async fn snapshot<W: tokio::io::AsyncWrite + Unpin>(&self, out: &mut W) -> Result<Revision> {
-        use tokio::io::AsyncWriteExt;
-        let io = |e: std::io::Error| Error::Backend(anyhow::anyhow!("writing the snapshot: {e}"));
+    /// What a snapshot of the current key space holds besides its keys, and its keys page by
+    /// page.
+    pub async fn snapshot_source(&self) -> Result<(snapshot::Head, snapshot::Pages<'_>)> {
         let revs = self.backend.revisions().await?;
         let mut leases = self.backend.leases().await?;
         leases.sort_unstable();
-        let head = snapshot::encode_head(revs.current, revs.compacted, self.backend.cluster_id(), &leases);
-        out.write_all(&head).await.map_err(io)?;
-        let mut written = head.len() as u64;
-        let mut pages = snapshot::Pages::new(self.backend.as_ref(), revs.current);
+        let head = snapshot::Head {
+            revision: revs.current,
+            compact_revision: revs.compacted,
+            cluster_id: self.backend.cluster_id(),
+            member_id: self.backend.member_id(),
+            leases,
+        };
+        Ok((head, snapshot::Pages::new(self.backend.as_ref(), revs.current)))
+    }
+
+    /// Writes a snapshot of the current key space and leases in kine-rs's format (without its
+    /// sha256, which the caller appends) to `out`. Returns the revision it holds.
+    pub async fn snapshot<W: tokio::io::AsyncWrite + Unpin>(&self, out: &mut W) -> Result<Revision> {
+        use tokio::io::AsyncWriteExt;
+        let io = |e: std::io::Error| Error::Backend(anyhow::anyhow!("writing the snapshot: {e}"));
+        let (head, mut pages) = self.snapshot_source().await?;
+        let encoded = snapshot::encode_head(head.revision, head.compact_revision, head.cluster_id, &head.leases);
+        out.write_all(&encoded).await.map_err(io)?;
+        let mut written = encoded.len() as u64;
         let mut count = 0u64;
         let mut buf = Vec::new();
         while let Some(kvs) = pages.next().await? {
@@ -250,7 +263,7 @@ impl Store {
         }
         out.write_all(&snapshot::encode_tail(count, written)).await.map_err(io)?;
         out.flush().await.map_err(io)?;
-        Ok(revs.current)
+        Ok(head.revision)
     }
 
     pub async fn lease_keep_alive(&self, id: LeaseId) -> Result<i64> {

@@ -49,6 +49,7 @@ fn harness() -> &'static Harness {
                 max_request_bytes: 1_572_864,
                 emulated_version: "3.7.3".into(),
                 client_cert_auth: false,
+                snapshot_format: None,
             };
             tokio::spawn(kine_server::serve(store, config, Listener::Tcp(listener), None, reporter, shutdown));
             let endpoint = Channel::from_shared(format!("http://{address}")).unwrap();

@@ -315,6 +315,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         max_request_bytes: cli.max_request_bytes as usize,
         emulated_version: cli.emulated_etcd_version.clone(),
         client_cert_auth: cli.trusted_ca_file.is_some(),
+        snapshot_format: snapshot_format(),
     };
     let server = tokio::spawn(kine_server::serve(store.clone(), config, bound.listener, tls, health, stop.clone()));
     let mut stop_wait = stop.clone();
@@ -362,6 +363,18 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
 
 pub fn shutdown_channel() -> (ShutdownTrigger, Shutdown) {
     shutdown::channel()
+}
+
+/// Snapshots are etcd's bbolt files when the Go shim (and with it bbolt) is built in.
+#[cfg(feature = "embedded-nats")]
+fn snapshot_format() -> Option<std::sync::Arc<dyn kine_core::snapshot::Format>> {
+    Some(std::sync::Arc::new(crate::etcd_snapshot::Etcd))
+}
+
+/// Without the Go shim there is no bbolt: snapshots are kine-rs's own format.
+#[cfg(not(feature = "embedded-nats"))]
+fn snapshot_format() -> Option<std::sync::Arc<dyn kine_core::snapshot::Format>> {
+    None
 }
 
 #[cfg(test)]

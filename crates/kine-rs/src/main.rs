@@ -5,6 +5,8 @@ mod cli;
 #[cfg(feature = "embedded-nats")]
 mod embedded;
 mod endpoint;
+#[cfg(feature = "embedded-nats")]
+mod etcd_snapshot;
 mod listen;
 mod metrics_http;
 mod restore;

@@ -2,7 +2,10 @@ module kine-rs/nats-embed
 
 go 1.26.0
 
-require github.com/nats-io/nats-server/v2 v2.15.2
+require (
+	github.com/nats-io/nats-server/v2 v2.15.2
+	go.etcd.io/bbolt v1.5.0
+)
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect

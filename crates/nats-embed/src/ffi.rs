@@ -21,7 +21,7 @@ type StrFn = unsafe extern "C" fn() -> *mut c_char;
 type StrArgFn = unsafe extern "C" fn(*const c_char) -> *mut c_char;
 type TimeoutFn = unsafe extern "C" fn(c_int) -> *mut c_char;
 
-struct Shim {
+pub(crate) struct Shim {
     start: StrArgFn,
     wait_ready: TimeoutFn,
     info: StrFn,
@@ -30,12 +30,13 @@ struct Shim {
     account_of: unsafe extern "C" fn(*const c_char, u64) -> *mut c_char,
     stream_last_seq: unsafe extern "C" fn(*const c_char, *const c_char, *mut i64) -> i64,
     free: unsafe extern "C" fn(*mut c_char),
+    pub(crate) bolt: crate::bolt::Fns,
 }
 
 static SHIM: OnceLock<Result<Shim, String>> = OnceLock::new();
 
 /// The loaded shim, loading it on the first call.
-fn shim() -> Result<&'static Shim, String> {
+pub(crate) fn shim() -> Result<&'static Shim, String> {
     SHIM.get_or_init(load).as_ref().map_err(Clone::clone)
 }
 
@@ -102,7 +103,16 @@ fn load() -> Result<Shim, String> {
                 unsafe extern "C" fn(*const c_char, *const c_char, *mut i64) -> i64,
             >(symbol(c"KineNatsStreamLastSeq")?),
             free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_char)>(symbol(c"KineNatsFree")?),
+            bolt: crate::bolt::Fns::load(symbol)?,
         })
+    }
+}
+
+impl Shim {
+    /// Frees memory the shim allocated (with C.CString or C.CBytes).
+    pub(crate) fn free(&self, p: *mut c_char) {
+        // SAFETY: `p` was allocated by the shim with malloc and is freed exactly once.
+        unsafe { (self.free)(p) }
     }
 }
 
@@ -123,7 +133,7 @@ fn forget_copied_pages() {
 }
 
 /// Copies a string the shim allocated and frees it; NULL is `None`.
-fn take(shim: &Shim, p: *mut c_char) -> Option<String> {
+pub(crate) fn take(shim: &Shim, p: *mut c_char) -> Option<String> {
     if p.is_null() {
         return None;
     }

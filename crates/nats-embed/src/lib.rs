@@ -4,6 +4,7 @@
 //!
 //! Everything here blocks (it waits on Go); call it from a blocking context.
 
+pub mod bolt;
 mod ffi;
 
 use serde::{Deserialize, Serialize};

@@ -52,6 +52,8 @@ pub struct ServerConfig {
     /// Client certificates are verified: with auth enabled, a request without a token comes
     /// from the user its certificate's common name names (etcd's `--client-cert-auth`).
     pub client_cert_auth: bool,
+    /// Maintenance.Snapshot writes this format (etcd's bbolt file) instead of kine-rs's own.
+    pub snapshot_format: Option<Arc<dyn kine_core::snapshot::Format>>,
 }
 
 impl ServerConfig {

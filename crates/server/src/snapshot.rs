@@ -1,12 +1,17 @@
-//! Maintenance.Snapshot: the store writes its snapshot to an unlinked temporary file; the file is
-//! then streamed in 32 KiB chunks with the bytes remaining after each, and a last message with
-//! the sha256 of everything sent, as etcd does (`etcdctl snapshot save` stores it all).
+//! Maintenance.Snapshot: the store writes its snapshot to an unlinked temporary file (in etcd's
+//! bbolt format when the server has one, kine-rs's own otherwise); the file is then streamed in
+//! 32 KiB chunks with the bytes remaining after each, and a last message with the sha256 of
+//! everything sent, as etcd does (`etcdctl snapshot save` stores it all).
 
 use crate::Context;
 use crate::error::status;
 use kine_core::Error;
+use kine_core::snapshot::Format;
+use kine_core::types::{KeyValue, Revision};
 use kine_proto::etcdserverpb as pb;
 use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, BufWriter};
 use tokio::sync::mpsc;
@@ -16,10 +21,16 @@ const CHUNK: usize = 32 * 1024;
 
 /// Writes the snapshot and returns the receiving end of its message stream.
 pub async fn stream(ctx: &Context) -> Result<mpsc::Receiver<Result<pb::SnapshotResponse, Status>>, Status> {
-    let mut file = temp_file().await?;
-    let mut out = BufWriter::new(&mut file);
-    let revision = ctx.store.snapshot(&mut out).await.map_err(status)?;
-    drop(out);
+    let (mut file, revision) = match &ctx.config.snapshot_format {
+        Some(format) => write_in(format.clone(), ctx).await?,
+        None => {
+            let mut file = temp_file().await?;
+            let mut out = BufWriter::new(&mut file);
+            let revision = ctx.store.snapshot(&mut out).await.map_err(status)?;
+            drop(out);
+            (file, revision)
+        }
+    };
     let total = file.seek(std::io::SeekFrom::End(0)).await.map_err(io)?;
     file.rewind().await.map_err(io)?;
     tracing::info!(revision, bytes = total, "sending a snapshot");
@@ -48,14 +59,50 @@ pub async fn stream(ctx: &Context) -> Result<mpsc::Receiver<Result<pb::SnapshotR
     Ok(rx)
 }
 
+/// The snapshot in `format`, written by a blocking task that the key pages are handed to, in
+/// an unlinked file.
+async fn write_in(format: Arc<dyn Format>, ctx: &Context) -> Result<(tokio::fs::File, Revision), Status> {
+    let (head, mut pages) = ctx.store.snapshot_source().await.map_err(status)?;
+    let revision = head.revision;
+    let path = temp_path();
+    let (tx, mut rx) = mpsc::channel::<kine_core::Result<Vec<KeyValue>>>(2);
+    let out = path.clone();
+    let writer = tokio::task::spawn_blocking(move || {
+        let mut next = || rx.blocking_recv().transpose();
+        format.write(&head, &mut next, &out)
+    });
+    loop {
+        let page = pages.next().await.transpose();
+        let end = page.is_none();
+        if let Some(page) = page {
+            let failed = page.is_err();
+            if tx.send(page).await.is_err() || failed {
+                break; // the writer stopped (and says why), or it is told why the read failed
+            }
+        }
+        if end {
+            break;
+        }
+    }
+    drop(tx);
+    let written = writer.await.map_err(|e| status(Error::Backend(anyhow::anyhow!("snapshot writer: {e}"))));
+    let file = match written {
+        Ok(Ok(())) => tokio::fs::File::open(&path).await.map_err(io),
+        Ok(Err(e)) => Err(status(e)),
+        Err(e) => Err(e),
+    };
+    let _ = tokio::fs::remove_file(&path).await;
+    Ok((file?, revision))
+}
+
+fn temp_path() -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!("kine-rs-snapshot-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)))
+}
+
 /// A new file in the temporary directory, unlinked at once (it lives while it is open).
 async fn temp_file() -> Result<tokio::fs::File, Status> {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let path = std::env::temp_dir().join(format!(
-        "kine-rs-snapshot-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
+    let path = temp_path();
     let file =
         tokio::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).await.map_err(|e| {
             status(Error::Backend(anyhow::anyhow!("cannot create the snapshot file {}: {e}", path.display())))

@@ -3,9 +3,11 @@
 //! a test failure, never a skip.
 
 use crate::TempDir;
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub fn nats_server_bin() -> PathBuf {
@@ -32,7 +34,11 @@ pub fn nats_server_bin() -> PathBuf {
 /// A port nothing listens on, below the kernel's ephemeral range: a server killed and started
 /// again on it must find it free, and a port from the ephemeral range can meanwhile become the
 /// local end of some outgoing connection (seen in CI: a restarted nats-server could not bind).
+/// A port is handed out once per process: two tests running at once never get the same one
+/// before either has bound it (seen in CI: etcd found its port taken).
 pub fn free_port() -> u16 {
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
@@ -40,11 +46,14 @@ pub fn free_port() -> u16 {
     let (from, to) = (10_000u16, low.max(10_001));
     for _ in 0..1000 {
         let port = from + (kine_core::id::random_u64() % u64::from(to - from)) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
             return port;
         }
     }
-    TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().expect("local addr").port()
+    let port = TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().expect("local addr").port();
+    given.insert(port);
+    port
 }
 
 /// A nats-server process; killed on drop.

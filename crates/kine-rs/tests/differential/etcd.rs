@@ -18,6 +18,7 @@ pub enum Version {
 }
 
 impl Version {
+    #[allow(dead_code)]
     pub fn emulated(self) -> &'static str {
         match self {
             Version::V3_6 => "3.6.16",
@@ -26,21 +27,33 @@ impl Version {
     }
 
     fn bin(self) -> PathBuf {
-        let (var, name) = match self {
-            Version::V3_6 => ("ETCD_BIN", "etcd-3.6"),
-            Version::V3_7 => ("ETCD37_BIN", "etcd-3.7"),
-        };
-        if let Ok(p) = std::env::var(var) {
-            return PathBuf::from(p);
+        match self {
+            Version::V3_6 => tool("ETCD_BIN", "etcd-3.6"),
+            Version::V3_7 => tool("ETCD37_BIN", "etcd-3.7"),
         }
-        let home = std::env::var("HOME").unwrap_or_default();
-        let candidate = PathBuf::from(home).join("go/bin").join(name);
-        assert!(
-            candidate.is_file(),
-            "{name} not found: set {var} or run scripts/install-test-deps (it builds ~/go/bin/{name})"
-        );
-        candidate
     }
+
+    /// etcd's offline tool of the same release.
+    #[allow(dead_code)]
+    pub fn etcdutl(self) -> PathBuf {
+        match self {
+            Version::V3_6 => tool("ETCDUTL_BIN", "etcdutl-3.6"),
+            Version::V3_7 => tool("ETCDUTL37_BIN", "etcdutl-3.7"),
+        }
+    }
+}
+
+fn tool(var: &str, name: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(var) {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("HOME").unwrap_or_default();
+    let candidate = PathBuf::from(home).join("go/bin").join(name);
+    assert!(
+        candidate.is_file(),
+        "{name} not found: set {var} or run scripts/install-test-deps (it builds ~/go/bin/{name})"
+    );
+    candidate
 }
 
 /// An etcd process with a fresh data directory; killed on drop.
@@ -55,24 +68,41 @@ impl Etcd {
         Self::start_with(version, &[])
     }
 
+    /// An etcd on an existing data directory (one `etcdutl snapshot restore` wrote for the member
+    /// `name` with the peer URL `http://127.0.0.1:{peer}`).
+    #[allow(dead_code)]
+    pub fn start_on(version: Version, dir: TempDir, data: &std::path::Path, name: &str, peer: u16) -> Etcd {
+        let port = free_port();
+        let client = format!("http://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let mut cmd = Command::new(version.bin());
+        cmd.args(["--name", name, "--data-dir"])
+            .arg(data)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("{name}={peer_url}"), "--log-level", "warn"]);
+        Self::spawn(cmd, dir, port, client)
+    }
+
     /// With more flags (`--auth-token …`).
     pub fn start_with(version: Version, extra: &[&str]) -> Etcd {
         let dir = TempDir::new("etcd");
         let (port, peer) = (free_port(), free_port());
         let client = format!("http://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log");
-        let mut child = Command::new(version.bin())
-            .args(["--name", "default", "--data-dir"])
+        let mut cmd = Command::new(version.bin());
+        cmd.args(["--name", "default", "--data-dir"])
             .arg(dir.path().join("data"))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("default={peer_url}"), "--log-level", "warn"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn etcd");
+            .args(extra);
+        Self::spawn(cmd, dir, port, client)
+    }
+
+    fn spawn(mut cmd: Command, dir: TempDir, port: u16, client: String) -> Etcd {
+        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log");
+        let mut child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect("spawn etcd");
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             let exited = matches!(child.try_wait(), Ok(Some(_)));
