@@ -1,6 +1,7 @@
 //! Restoring a snapshot (`kine-rs snapshot restore`) into a new SQLite database: each key's
 //! version as it was (create/mod revision, version, lease), the leases, and the revision, which
-//! is also the compact revision (a snapshot holds no older history).
+//! is also the compact revision (a snapshot holds no older history), and the users and roles an
+//! etcd snapshot holds.
 
 use crate::schema;
 use anyhow::{Context, Result, bail};
@@ -44,6 +45,9 @@ pub fn restore_sqlite(path: &Path, snap: &Snapshot) -> Result<()> {
         for (id, ttl) in &snap.leases {
             lease.execute(params![id, ttl]).context("insert lease")?;
         }
+    }
+    if let Some(auth) = &snap.auth {
+        crate::auth::sqlite_replace(&tx, None, &auth.encode()).context("write the auth record")?;
     }
     tx.execute_batch(schema::FILL_LIVE).context("index the newest versions")?;
     schema::set(&tx, "revision", snap.revision)?;

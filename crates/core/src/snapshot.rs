@@ -17,6 +17,7 @@
 //! A snapshot holds each live key's current version, not the history before `revision`: a
 //! restored store starts compacted at `revision`.
 
+use crate::auth::state::AuthState;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::request::RangeRequest;
@@ -35,6 +36,8 @@ pub struct Snapshot {
     pub cluster_id: u64,
     pub leases: Vec<(LeaseId, i64)>,
     pub kvs: Vec<KeyValue>,
+    /// Users, roles and whether auth is on (etcd's snapshots hold them; kine-rs's format not).
+    pub auth: Option<AuthState>,
 }
 
 /// What a snapshot holds besides its keys.
@@ -46,6 +49,8 @@ pub struct Head {
     pub member_id: u64,
     /// Sorted by id.
     pub leases: Vec<(LeaseId, i64)>,
+    /// The auth record, if the store has one.
+    pub auth: Option<AuthState>,
 }
 
 /// A snapshot file format other than kine-rs's own (etcd's bbolt file, written by the binary
@@ -193,7 +198,7 @@ pub fn decode(file: &[u8]) -> std::result::Result<Snapshot, String> {
     if count != kvs.len() as u64 || r.buf.len() >= 512 || r.buf.iter().any(|&b| b != 0) {
         return Err("the snapshot's key count does not match its content".into());
     }
-    Ok(Snapshot { revision, compact_revision, cluster_id, leases, kvs })
+    Ok(Snapshot { revision, compact_revision, cluster_id, leases, kvs, auth: None })
 }
 
 struct Reader<'a> {

@@ -233,12 +233,17 @@ impl Store {
         let revs = self.backend.revisions().await?;
         let mut leases = self.backend.leases().await?;
         leases.sort_unstable();
+        let auth = match self.backend.auth_record().await? {
+            Some(record) => Some(crate::auth::state::AuthState::decode(&record.data)?),
+            None => None,
+        };
         let head = snapshot::Head {
             revision: revs.current,
             compact_revision: revs.compacted,
             cluster_id: self.backend.cluster_id(),
             member_id: self.backend.member_id(),
             leases,
+            auth,
         };
         Ok((head, snapshot::Pages::new(self.backend.as_ref(), revs.current)))
     }

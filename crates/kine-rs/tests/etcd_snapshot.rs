@@ -1,7 +1,8 @@
 //! Snapshots in etcd's own format, against real etcd 3.6 and 3.7: a snapshot saved from kine-rs
 //! (`etcdctl snapshot save`) is read by `etcdctl`/`etcdutl snapshot status`, restored by
 //! `etcdutl snapshot restore` into a data directory that etcd serves with the same keys,
-//! revisions and leases; a snapshot saved from etcd restores into kine-rs the same way; and a
+//! revisions, leases, users and roles; a snapshot saved from etcd restores into kine-rs the same
+//! way; and a
 //! damaged file is refused with a clear error. (etcd's format needs the Go shim, which holds
 //! bbolt: the default build.)
 #![cfg(feature = "embedded-nats")]
@@ -50,9 +51,45 @@ async fn populate(c: &mut Client) -> i64 {
     lease
 }
 
-fn save(url: &str, file: &Path) {
-    let (ok, out, err) =
-        run(Command::new("etcdctl").env("ETCDCTL_API", "3").args(["--endpoints", url, "snapshot", "save"]).arg(file));
+/// Users and roles, then auth on: `root`, and `reader` who may read the configmaps only.
+async fn secure(c: &mut Client) {
+    c.user_add("root", "rootpw", None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    c.role_add("configmap-reader").await.unwrap();
+    let perm = Permission::read("/registry/configmaps/").with_prefix();
+    c.role_grant_permission("configmap-reader", perm).await.unwrap();
+    c.user_add("reader", "readerpw", None).await.unwrap();
+    c.user_grant_role("reader", "configmap-reader").await.unwrap();
+    c.auth_enable().await.unwrap();
+}
+
+async fn as_user(url: &str, user: &str, password: &str) -> Client {
+    Client::connect([url], Some(ConnectOptions::new().with_user(user, password))).await.unwrap()
+}
+
+/// The users, roles and auth switch came along: `reader` reads what its role allows and
+/// nothing else, a wrong password and anonymous requests are refused.
+async fn assert_secured(url: &str) {
+    let mut reader = as_user(url, "reader", "readerpw").await;
+    let got = reader.get("/registry/configmaps/ns/00001", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"value-1");
+    let denied = reader.put("/registry/configmaps/ns/00001", "x", None).await.unwrap_err().to_string();
+    assert!(denied.contains("permission denied"), "{denied}");
+    let mut anonymous = Client::connect([url], None).await.unwrap();
+    let refused = anonymous.get("big", None).await.unwrap_err().to_string();
+    assert!(refused.contains("user name is empty"), "{refused}");
+    let wrong = Client::connect([url], Some(ConnectOptions::new().with_user("reader", "nope"))).await.err();
+    assert!(wrong.is_some_and(|e| e.to_string().contains("authentication failed")), "a wrong password is refused");
+}
+
+/// `etcdctl snapshot save`, as root when auth is on.
+fn save(url: &str, file: &Path, root: bool) {
+    let mut cmd = Command::new("etcdctl");
+    cmd.env("ETCDCTL_API", "3").args(["--endpoints", url]);
+    if root {
+        cmd.args(["--user", "root:rootpw"]);
+    }
+    let (ok, out, err) = run(cmd.args(["snapshot", "save"]).arg(file));
     assert!(ok && format!("{out}{err}").contains("Snapshot saved"), "etcdctl snapshot save failed: {out}{err}");
 }
 
@@ -69,8 +106,9 @@ async fn kine_rs_snapshot_serves_in_etcd(version: Version) {
     let mut c = server.client().await;
     let lease = populate(&mut c).await;
     let (revision, kvs) = everything(&mut c).await;
+    secure(&mut c).await;
     let file = dir.path().join("kine-rs.db");
-    save(&server.url, &file);
+    save(&server.url, &file, true);
 
     // etcd's tools read it: etcdctl 3.4 checks the bbolt file and hashes it; etcdutl also
     // decodes every key. Its revision is the newest key's (the last write, a delete, left none).
@@ -93,8 +131,9 @@ async fn kine_rs_snapshot_serves_in_etcd(version: Version) {
         .args(["--initial-advertise-peer-urls", &peer_url]));
     assert!(ok, "etcdutl {version:?} snapshot restore failed: {out}{err}");
     let etcd = Etcd::start_on(version, etcd_dir, &data, "restored", peer);
-    let mut e = Client::connect([etcd.url.as_str()], None).await.unwrap();
+    let mut e = as_user(&etcd.url, "root", "rootpw").await;
     assert_eq!(everything(&mut e).await, (revision, kvs), "etcd {version:?} serves the same keys at the same revision");
+    assert_secured(&etcd.url).await;
     let ttl = e.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
     assert_eq!((ttl.granted_ttl(), ttl.keys().to_vec()), (600, vec![b"leased".to_vec()]));
     let r = e.put("next", "1", None).await.unwrap();
@@ -117,9 +156,10 @@ async fn etcd_snapshot_serves_in_kine_rs(version: Version) {
     let lease = populate(&mut e).await;
     e.compact(500, None).await.unwrap();
     let (revision, kvs) = everything(&mut e).await;
+    secure(&mut e).await;
     let dir = TempDir::new("etcd-snapshot");
     let file = dir.path().join("etcd.db");
-    save(&etcd.url, &file);
+    save(&etcd.url, &file, true);
     drop(etcd);
 
     let restored = dir.path().join("restored.sqlite");
@@ -128,8 +168,9 @@ async fn etcd_snapshot_serves_in_kine_rs(version: Version) {
         run(Command::new(server_bin()).args(["--endpoint", &endpoint, "snapshot", "restore"]).arg(&file));
     assert!(ok && err.contains("snapshot restored"), "kine-rs snapshot restore failed: {err}");
     let server = Server::start(&["--endpoint", &endpoint]);
-    let mut c = server.client().await;
+    let mut c = as_user(&server.url, "root", "rootpw").await;
     assert_eq!(everything(&mut c).await, (revision, kvs), "kine-rs serves etcd {version:?}'s keys at its revision");
+    assert_secured(&server.url).await;
     let ttl = c.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
     assert_eq!((ttl.granted_ttl(), ttl.keys().to_vec()), (600, vec![b"leased".to_vec()]));
     let r = c.put("next", "1", None).await.unwrap();
@@ -176,7 +217,7 @@ async fn damaged_etcd_snapshots_are_refused_clearly() {
     let mut c = server.client().await;
     populate(&mut c).await;
     let file = dir.path().join("good.db");
-    save(&server.url, &file);
+    save(&server.url, &file, false);
     let good = std::fs::read(&file).unwrap();
     let body = &good[..good.len() - 32];
     let page = u32::from_le_bytes(body[24..28].try_into().unwrap()) as usize;

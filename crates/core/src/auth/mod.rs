@@ -95,6 +95,13 @@ fn now_millis() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default()
 }
 
+/// A new key to sign simple tokens with (random).
+pub fn new_token_key() -> Vec<u8> {
+    let mut key = vec![0u8; 32];
+    random_bytes(&mut key);
+    key
+}
+
 /// Cryptographically random bytes.
 pub(crate) fn random_bytes(out: &mut [u8]) {
     if let Err(e) = getrandom::fill(out) {
@@ -192,11 +199,7 @@ impl Auth {
             let version = record.as_ref().map(|r| r.version);
             let mut state = match &record {
                 Some(r) => AuthState::decode(&r.data)?,
-                None => {
-                    let mut key = vec![0u8; 32];
-                    random_bytes(&mut key);
-                    AuthState::new(key)
-                }
+                None => AuthState::new(new_token_key()),
             };
             let (answer, changed) = change(&mut state)?;
             if !changed {

@@ -12,9 +12,12 @@
 //!   the snapshot's even when the last write was a delete), `consistent_index` and `term` (which
 //!   a restore replaces), `storageVersion` 3.6.0 (etcd 3.6 and 3.7 both start on it).
 //! - bucket `lease`: 8-byte big-endian id → leasepb.Lease {ID, TTL}.
-//! - the other buckets a fresh etcd has, empty: alarm, auth, authRoles, authUsers, cluster,
-//!   members, members_removed (membership is the restoring tool's business).
+//! - buckets `auth` (`authEnabled`, `authRevision`), `authUsers` and `authRoles` (authpb.User
+//!   with its bcrypt hash, authpb.Role): the users and roles, when the store has any.
+//! - the other buckets a fresh etcd has, empty: alarm, cluster, members, members_removed
+//!   (membership is the restoring tool's business).
 
+mod auth;
 mod read;
 mod verify;
 mod write;

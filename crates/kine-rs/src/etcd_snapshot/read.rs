@@ -2,6 +2,7 @@
 //! bbolt file's structure are checked (`verify`) before bbolt maps it, then its `key` bucket is
 //! replayed: each key's newest version, tombstones removing keys.
 
+use super::auth::{AUTH, ROLES, USERS};
 use super::{FINISHED_COMPACT, KEY, LEASE, Lease, META, parse_revision_key};
 use kine_core::snapshot::Snapshot;
 use kine_nats_embed::bolt::{Db, Entry};
@@ -30,19 +31,22 @@ pub fn read(path: &Path) -> Result<Snapshot, String> {
         }
     }
     let (kvs, last) = replay(&db)?;
-    let compacted = match scan_all(&db, META)?.into_iter().find(|(k, _)| k == FINISHED_COMPACT) {
+    // A bucket etcd always has; empty when missing.
+    let bucket = |name: &[u8]| -> Result<Vec<Entry>, String> {
+        if buckets.iter().any(|(b, _)| b == name) { scan_all(&db, name) } else { Ok(Vec::new()) }
+    };
+    let compacted = match bucket(META)?.into_iter().find(|(k, _)| k == FINISHED_COMPACT) {
         Some((_, v)) => parse_revision_key(&v).map(|(main, _)| main).ok_or("meta/finishedCompactRev is malformed")?,
         None => 0,
     };
     let mut leases = Vec::new();
-    if buckets.iter().any(|(name, _)| name == LEASE) {
-        for (k, v) in scan_all(&db, LEASE)? {
-            let lease = Lease::decode(v.as_slice()).map_err(|e| format!("lease {k:02x?}: {e}"))?;
-            leases.push((lease.id, lease.ttl));
-        }
+    for (k, v) in bucket(LEASE)? {
+        let lease = Lease::decode(v.as_slice()).map_err(|e| format!("lease {k:02x?}: {e}"))?;
+        leases.push((lease.id, lease.ttl));
     }
+    let auth = super::auth::read(&bucket(AUTH)?, &bucket(USERS)?, &bucket(ROLES)?)?;
     let revision = last.max(compacted).max(1);
-    Ok(Snapshot { revision, compact_revision: revision, cluster_id: 0, leases, kvs })
+    Ok(Snapshot { revision, compact_revision: revision, cluster_id: 0, leases, kvs, auth })
 }
 
 /// Each key's newest version (tombstoned keys left out), in key order, and the last revision.

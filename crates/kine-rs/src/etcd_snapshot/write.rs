@@ -132,5 +132,8 @@ fn header(head: &Head) -> Batch {
         let lease = Lease { id, ttl, remaining_ttl: 0 };
         batch.put(LEASE, &(id as u64).to_be_bytes(), &lease.encode_to_vec());
     }
+    if let Some(auth) = &head.auth {
+        super::auth::write(&mut batch, auth);
+    }
     batch
 }
