@@ -77,6 +77,8 @@ impl Format for Etcd {
             }
         }
         db.put(&batch).map_err(fail("write keys"))?;
+        drop(spill);
+        let _ = std::fs::remove_file(&work.spill); // no longer needed: at most two copies on disk
         db.write_to(out).map_err(fail("copy the bbolt file"))?;
         Ok(())
     }
