@@ -3,6 +3,10 @@
 //! in `src/bin` run them under cargo-afl (`scripts/fuzz`); `tests/replay.rs` runs every committed
 //! seed and regression input through them in the ordinary test suite.
 
+/// The check `kine-rs snapshot restore` makes of an etcd snapshot's bbolt file before bbolt
+/// maps it (the binary's own source: it needs nothing but std).
+#[path = "../../kine-rs/src/etcd_snapshot/verify.rs"]
+mod bbolt_verify;
 mod grpc;
 mod http;
 pub use grpc::grpc;
@@ -72,4 +76,10 @@ pub fn snapshot(data: &[u8]) {
         file.extend_from_slice(&sha2::Sha256::digest(body));
         let _ = kine_core::snapshot::decode(&file);
     }
+}
+
+/// An etcd snapshot's bbolt file (the sha256 already stripped), through the structure check
+/// that stands between `kine-rs snapshot restore` and bbolt: it must answer, never panic or loop.
+pub fn bbolt(data: &[u8]) -> Result<(), String> {
+    bbolt_verify::check(data, data.len() as u64)
 }

@@ -65,6 +65,17 @@ fn nats_message_inputs() {
 }
 
 #[test]
+fn bbolt_inputs() {
+    replay("bbolt", |data| {
+        let _ = kine_fuzz::bbolt(data);
+    });
+    // The seeds are real snapshots (kine-rs's and etcd's), which the check accepts.
+    for (name, bytes) in inputs("bbolt").into_iter().filter(|(n, _)| n.starts_with("seeds/")) {
+        kine_fuzz::bbolt(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
 fn snapshot_inputs() {
     replay("snapshot", kine_fuzz::snapshot);
     // The seeds are real snapshots, so that the fuzzer starts deep inside the parser.

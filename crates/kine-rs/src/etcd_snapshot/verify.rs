@@ -8,12 +8,38 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+/// Where the file's bytes are read from: the file, or (fuzzing) a buffer.
+pub trait Bytes {
+    /// Exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl Bytes for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.read_exact_at(buf, offset)
+    }
+}
+
+impl Bytes for [u8] {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let start = usize::try_from(offset).ok().filter(|&s| s <= self.len());
+        match start.and_then(|s| self.get(s..s.checked_add(buf.len())?)) {
+            Some(src) => {
+                buf.copy_from_slice(src);
+                Ok(())
+            }
+            None => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        }
+    }
+}
+
 const MAGIC: u32 = 0xED0C_DAED;
 const BRANCH: u16 = 0x01;
 const LEAF: u16 = 0x02;
 const BUCKET_LEAF: u32 = 0x01;
-/// Nested buckets deeper than this are refused (etcd's are one level deep).
-const MAX_DEPTH: usize = 16;
+/// Trees and nested buckets deeper than this together are refused (etcd's buckets are one
+/// level deep, and a B+tree of 4 KiB pages holding a terabyte is five levels deep).
+const MAX_DEPTH: usize = 64;
 
 struct Meta {
     page_size: u64,
@@ -32,9 +58,9 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
 }
 
-fn meta(file: &File, offset: u64) -> Option<Meta> {
+fn meta(file: &(impl Bytes + ?Sized), offset: u64) -> Option<Meta> {
     let mut page = [0u8; 80];
-    file.read_exact_at(&mut page, offset).ok()?;
+    file.read_at(&mut page, offset).ok()?;
     let m = &page[16..];
     let fnv = m[..56].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     (u32_at(m, 0) == MAGIC && u32_at(m, 4) == 2 && fnv == u64_at(m, 56)).then(|| Meta {
@@ -46,7 +72,7 @@ fn meta(file: &File, offset: u64) -> Option<Meta> {
 }
 
 /// Checks the bbolt file whose first `body` bytes are the database.
-pub fn check(file: &File, body: u64) -> Result<(), String> {
+pub fn check(file: &(impl Bytes + ?Sized), body: u64) -> Result<(), String> {
     let first = meta(file, 0);
     let second = meta(file, first.as_ref().map_or(4096, |m| m.page_size));
     let Some(meta) = [first, second].into_iter().flatten().max_by_key(|m| m.txid) else {
@@ -67,20 +93,23 @@ pub fn check(file: &File, body: u64) -> Result<(), String> {
     Tree { file, meta: &meta, seen: HashSet::new() }.page(meta.root, 0)
 }
 
-struct Tree<'a> {
-    file: &'a File,
+struct Tree<'a, B: Bytes + ?Sized> {
+    file: &'a B,
     meta: &'a Meta,
     seen: HashSet<u64>,
 }
 
-impl Tree<'_> {
+impl<B: Bytes + ?Sized> Tree<'_, B> {
     fn page(&mut self, id: u64, depth: usize) -> Result<(), String> {
         let damaged = |what: String| Err(format!("the bbolt file is damaged: page {id}: {what}"));
+        if depth > MAX_DEPTH {
+            return damaged("the tree is deeper than any bbolt writes".into());
+        }
         if id < 2 || id >= self.meta.pages {
             return damaged(format!("outside the {} pages in use", self.meta.pages));
         }
         let mut head = [0u8; 16];
-        self.file.read_exact_at(&mut head, id * self.meta.page_size).map_err(|e| e.to_string())?;
+        self.file.read_at(&mut head, id * self.meta.page_size).map_err(|e| e.to_string())?;
         let overflow = u64::from(u32_at(&head, 12));
         if u64_at(&head, 0) != id {
             return damaged(format!("it says it is page {}", u64_at(&head, 0)));
@@ -94,7 +123,7 @@ impl Tree<'_> {
             }
         }
         let mut data = vec![0u8; ((overflow + 1) * self.meta.page_size) as usize];
-        self.file.read_exact_at(&mut data, id * self.meta.page_size).map_err(|e| e.to_string())?;
+        self.file.read_at(&mut data, id * self.meta.page_size).map_err(|e| e.to_string())?;
         self.node(&data, depth).or_else(damaged)
     }
 
@@ -114,7 +143,7 @@ impl Tree<'_> {
                         return Err(format!("element {i} runs past the page"));
                     }
                     let child = u64_at(e, 8);
-                    self.page(child, depth)?;
+                    self.page(child, depth + 1)?;
                 }
                 LEAF => {
                     let (kind, pos, ksize, vsize) =
