@@ -19,18 +19,6 @@ use kine_testkit::nats::free_port;
 use std::path::Path;
 use std::process::Command;
 
-type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
-
-async fn everything(c: &mut Client) -> (i64, Vec<Kv>) {
-    let r = c.get(vec![0], Some(GetOptions::new().with_from_key())).await.unwrap();
-    let kvs = r
-        .kvs()
-        .iter()
-        .map(|k| (k.key().to_vec(), k.value().to_vec(), k.create_revision(), k.mod_revision(), k.version(), k.lease()))
-        .collect();
-    (r.header().unwrap().revision(), kvs)
-}
-
 /// Keys enough for several bbolt pages and a branch level, a value larger than a page, binary
 /// keys, two keys written by one Txn, overwrites, a leased key, and a delete as the last write.
 /// Returns the lease.

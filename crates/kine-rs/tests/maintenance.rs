@@ -16,18 +16,6 @@ fn code_and_text(e: etcd_client::Error) -> (tonic::Code, String) {
     }
 }
 
-type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
-
-async fn everything(c: &mut Client) -> (i64, Vec<Kv>) {
-    let r = c.get(vec![0], Some(GetOptions::new().with_from_key())).await.unwrap();
-    let kvs = r
-        .kvs()
-        .iter()
-        .map(|k| (k.key().to_vec(), k.value().to_vec(), k.create_revision(), k.mod_revision(), k.version(), k.lease()))
-        .collect();
-    (r.header().unwrap().revision(), kvs)
-}
-
 #[tokio::test]
 async fn a_snapshot_saved_with_etcdctl_restores_into_a_new_database() {
     let (server, dir) = sqlite_server(&[]);

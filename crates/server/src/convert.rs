@@ -120,6 +120,17 @@ pub fn kv(kv: KeyValue) -> mvccpb::KeyValue {
     }
 }
 
+pub fn kv_from_proto(kv: mvccpb::KeyValue) -> KeyValue {
+    KeyValue {
+        key: kv.key,
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        value: kv.value,
+        lease: kv.lease,
+    }
+}
+
 pub fn event(e: Event) -> mvccpb::Event {
     mvccpb::Event {
         r#type: match e.kind {

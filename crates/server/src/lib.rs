@@ -6,6 +6,8 @@
 mod auth;
 mod cluster;
 mod convert;
+/// etcd's mvccpb.KeyValue to and from the core's (also the records of etcd's `key` bucket).
+pub use convert::{kv as kv_to_proto, kv_from_proto};
 mod credentials;
 mod election;
 mod emulation;

@@ -71,17 +71,7 @@ fn replay(db: &Db) -> Result<(Vec<kine_core::types::KeyValue>, i64), String> {
             }
         }
     }
-    let mut kvs: Vec<_> = live
-        .into_values()
-        .map(|kv| kine_core::types::KeyValue {
-            key: kv.key,
-            create_revision: kv.create_revision,
-            mod_revision: kv.mod_revision,
-            version: kv.version,
-            value: kv.value,
-            lease: kv.lease,
-        })
-        .collect();
+    let mut kvs: Vec<_> = live.into_values().map(kine_server::kv_from_proto).collect();
     kvs.sort_unstable_by(|a, b| a.key.cmp(&b.key));
     Ok((kvs, last))
 }

@@ -8,7 +8,6 @@ use kine_core::snapshot::{Format, Head};
 use kine_core::types::KeyValue;
 use kine_core::{Error, Result};
 use kine_nats_embed::bolt::{Batch, Db};
-use kine_proto::mvccpb;
 use prost::Message;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -95,7 +94,7 @@ fn spill_keys(
     let mut record = Vec::new();
     while let Some(page) = next_page()? {
         for kv in page {
-            let (mod_revision, pb) = (kv.mod_revision, encode(kv));
+            let (mod_revision, pb) = (kv.mod_revision, kine_server::kv_to_proto(kv));
             record.clear();
             pb.encode(&mut record).map_err(|e| Error::Backend(anyhow::anyhow!("encode a key: {e}")))?;
             w.write_all(&record).map_err(io("write the spill file"))?;
@@ -105,17 +104,6 @@ fn spill_keys(
     }
     w.flush().map_err(io("write the spill file"))?;
     Ok(index)
-}
-
-fn encode(kv: KeyValue) -> mvccpb::KeyValue {
-    mvccpb::KeyValue {
-        key: kv.key,
-        create_revision: kv.create_revision,
-        mod_revision: kv.mod_revision,
-        version: kv.version,
-        value: kv.value,
-        lease: kv.lease,
-    }
 }
 
 /// Every bucket, the `meta` records and the leases.

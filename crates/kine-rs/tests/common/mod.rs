@@ -182,3 +182,17 @@ pub mod http;
 #[allow(unused_imports)]
 pub use http::http_get;
 pub mod shared_db;
+
+/// A key as a comparable tuple: key, value, create and mod revision, version, lease.
+pub type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
+
+/// Every key with all its fields, and the revision of the read.
+pub async fn everything(c: &mut etcd_client::Client) -> (i64, Vec<Kv>) {
+    let r = c.get(vec![0], Some(etcd_client::GetOptions::new().with_from_key())).await.unwrap();
+    let kvs = r
+        .kvs()
+        .iter()
+        .map(|k| (k.key().to_vec(), k.value().to_vec(), k.create_revision(), k.mod_revision(), k.version(), k.lease()))
+        .collect();
+    (r.header().unwrap().revision(), kvs)
+}
