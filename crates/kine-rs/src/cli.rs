@@ -175,7 +175,7 @@ pub struct Cli {
 /// Something other than serving.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum Command {
-    /// Snapshots taken with `etcdctl snapshot save` from kine-rs
+    /// Snapshots taken with `etcdctl snapshot save` from kine-rs or from etcd (etcd's bbolt format)
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
 }
@@ -184,7 +184,8 @@ pub enum Command {
 pub enum SnapshotCommand {
     /// Writes a snapshot into a new datastore (sqlite://PATH given with --endpoint), then exits
     Restore {
-        /// The file `etcdctl snapshot save` wrote
+        /// The file `etcdctl snapshot save` wrote (from kine-rs or etcd), or an etcd member's
+        /// `member/snap/db`
         file: PathBuf,
     },
 }

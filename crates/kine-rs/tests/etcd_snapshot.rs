@@ -138,6 +138,16 @@ async fn a_kine_rs_snapshot_restores_into_etcd_3_7() {
     kine_rs_snapshot_serves_in_etcd(Version::V3_7).await;
 }
 
+/// `kine-rs snapshot restore` of `file` into a new SQLite database, served; a root client.
+async fn restore_and_serve(file: &Path, dir: &Path, name: &str) -> (Server, Client) {
+    let endpoint = format!("sqlite://{}", dir.join(format!("{name}.sqlite")).display());
+    let (ok, _, err) = run(Command::new(server_bin()).args(["--endpoint", &endpoint, "snapshot", "restore"]).arg(file));
+    assert!(ok && err.contains("snapshot restored"), "kine-rs snapshot restore of {} failed: {err}", file.display());
+    let server = Server::start(&["--endpoint", &endpoint]);
+    let client = as_user(&server.url, "root", "rootpw").await;
+    (server, client)
+}
+
 async fn etcd_snapshot_serves_in_kine_rs(version: Version) {
     let etcd = Etcd::start(version);
     let mut e = Client::connect([etcd.url.as_str()], None).await.unwrap();
@@ -148,15 +158,14 @@ async fn etcd_snapshot_serves_in_kine_rs(version: Version) {
     let dir = TempDir::new("etcd-snapshot");
     let file = dir.path().join("etcd.db");
     save(&etcd.url, &file, true);
-    drop(etcd);
+    let etcd_dir = etcd.stop();
+    // A stopped member's own file restores the same way as a snapshot.
+    let member_db = etcd_dir.path().join("data/member/snap/db");
+    let (member_server, mut member) = restore_and_serve(&member_db, dir.path(), "member").await;
+    assert_eq!(everything(&mut member).await, (revision, kvs.clone()), "from etcd {version:?}'s member db");
+    drop(member_server);
 
-    let restored = dir.path().join("restored.sqlite");
-    let endpoint = format!("sqlite://{}", restored.display());
-    let (ok, _, err) =
-        run(Command::new(server_bin()).args(["--endpoint", &endpoint, "snapshot", "restore"]).arg(&file));
-    assert!(ok && err.contains("snapshot restored"), "kine-rs snapshot restore failed: {err}");
-    let server = Server::start(&["--endpoint", &endpoint]);
-    let mut c = as_user(&server.url, "root", "rootpw").await;
+    let (server, mut c) = restore_and_serve(&file, dir.path(), "snapshot").await;
     assert_eq!(everything(&mut c).await, (revision, kvs), "kine-rs serves etcd {version:?}'s keys at its revision");
     assert_secured(&server.url).await;
     let ttl = c.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();

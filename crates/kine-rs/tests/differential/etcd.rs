@@ -60,7 +60,7 @@ fn tool(var: &str, name: &str) -> PathBuf {
 pub struct Etcd {
     child: Child,
     pub url: String,
-    _dir: TempDir,
+    dir: Option<TempDir>,
 }
 
 impl Etcd {
@@ -112,7 +112,18 @@ impl Etcd {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Etcd { child, url: client, _dir: dir }
+        Etcd { child, url: client, dir: Some(dir) }
+    }
+}
+
+impl Etcd {
+    /// Stops etcd with SIGTERM (it commits its backend and exits) and hands over its directory
+    /// (the data directory is `data` in it).
+    #[allow(dead_code)]
+    pub fn stop(mut self) -> TempDir {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+        self.dir.take().expect("the directory is handed over once")
     }
 }
 
