@@ -26,18 +26,26 @@ impl Inner {
         Ok(())
     }
 
-    /// Lists the meta bucket's keys (leases included: one header each) and reads the members'.
+    /// Asks the server which member keys the meta bucket holds (a subject filter on the stream's
+    /// info: the lease records beside them are not listed) and reads each.
     pub(super) async fn member_records(&self) -> Result<Vec<(u64, Vec<u8>)>> {
         self.check_open()?;
         let read = async {
             let mut records = Vec::new();
-            let mut keys = self.meta.keys().await.map_err(|e| e.to_string())?;
-            while let Some(key) = keys.next().await {
-                let key = key.map_err(|e| e.to_string())?;
+            let filter = format!("{}{MEMBER_PREFIX}>", self.meta.prefix);
+            let mut subjects = self.meta.stream.info_with_subjects(&filter).await.map_err(|e| e.to_string())?;
+            let mut keys = Vec::new();
+            while let Some(subject) = subjects.next().await {
+                let (subject, _) = subject.map_err(|e| e.to_string())?;
+                if let Some(key) = subject.strip_prefix(self.meta.prefix.as_str()) {
+                    keys.push(key.to_string());
+                }
+            }
+            for key in keys {
                 let Some(id) = key.strip_prefix(MEMBER_PREFIX).and_then(|s| s.parse::<u64>().ok()) else { continue };
                 match self.meta.entry(key).await.map_err(|e| e.to_string())? {
                     Some(e) if e.operation == kv::Operation::Put => records.push((id, e.value.to_vec())),
-                    _ => {} // deleted meanwhile
+                    _ => {} // deleted
                 }
             }
             records.sort_unstable_by_key(|(id, _)| *id);
