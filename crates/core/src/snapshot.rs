@@ -21,7 +21,7 @@ use crate::auth::state::AuthState;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::request::RangeRequest;
-use crate::types::{KeyRange, KeyValue, LeaseId, Revision};
+use crate::types::{KeyRange, KeyValue, LeaseId, Revision, RevisionEvents};
 use sha2::{Digest, Sha256};
 
 pub const MAGIC: &[u8; 16] = b"KINE-RS-SNAPSHOT";
@@ -45,6 +45,9 @@ pub struct Snapshot {
 pub struct Head {
     pub revision: Revision,
     pub compact_revision: Revision,
+    /// The revision of the key space the history starts from: the compact revision, or 1
+    /// (the empty store) when the store was never compacted.
+    pub base_revision: Revision,
     pub cluster_id: u64,
     pub member_id: u64,
     /// Sorted by id.
@@ -53,17 +56,63 @@ pub struct Head {
     pub auth: Option<AuthState>,
 }
 
+/// A part of a snapshot with history, in order: the live keys at the base revision page by
+/// page in key order, then every revision's events after it in revision order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    Keys(Vec<KeyValue>),
+    Events(Vec<RevisionEvents>),
+}
+
 /// A snapshot file format other than kine-rs's own (etcd's bbolt file, written by the binary
 /// that links a bbolt implementation).
 pub trait Format: Send + Sync + std::fmt::Debug {
-    /// Writes a snapshot into the new file `out`: `head`, then the live keys that `next_page`
-    /// returns page by page in key order until `None`. Blocking; the file is synced.
-    fn write(
-        &self,
-        head: &Head,
-        next_page: &mut dyn FnMut() -> Result<Option<Vec<KeyValue>>>,
-        out: &std::path::Path,
-    ) -> Result<()>;
+    /// Writes a snapshot into the new file `out`: `head`, then the parts `next` returns until
+    /// `None`. Blocking; the file is synced.
+    fn write(&self, head: &Head, next: &mut dyn FnMut() -> Result<Option<Part>>, out: &std::path::Path) -> Result<()>;
+}
+
+/// Revisions of events read at once.
+const EVENT_WINDOW: i64 = 1000;
+
+/// The parts of a snapshot with history (see [`Part`]).
+pub struct History<'a> {
+    backend: &'a dyn Backend,
+    keys: Pages<'a>,
+    keys_done: bool,
+    after: Revision,
+    until: Revision,
+}
+
+impl<'a> History<'a> {
+    pub fn new(backend: &'a dyn Backend, head: &Head) -> History<'a> {
+        History {
+            backend,
+            keys: Pages::new(backend, head.base_revision),
+            keys_done: false,
+            after: head.base_revision,
+            until: head.revision,
+        }
+    }
+
+    /// The next part; `None` after the last.
+    pub async fn next(&mut self) -> Result<Option<Part>> {
+        if !self.keys_done {
+            match self.keys.next().await? {
+                Some(kvs) => return Ok(Some(Part::Keys(kvs))),
+                None => self.keys_done = true,
+            }
+        }
+        while self.after < self.until {
+            let to = (self.after + EVENT_WINDOW).min(self.until);
+            let events = self.backend.events(&KeyRange::all(), self.after, to).await?;
+            self.after = to;
+            if !events.is_empty() {
+                return Ok(Some(Part::Events(events)));
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// The live keys at one revision (> 0), page by page in key order.

@@ -227,9 +227,15 @@ impl Store {
         Ok((snapshot::hash(self.backend.as_ref(), current, Some(&leases)).await?, current))
     }
 
-    /// What a snapshot of the current key space holds besides its keys, and its keys page by
-    /// page.
-    pub async fn snapshot_source(&self) -> Result<(snapshot::Head, snapshot::Pages<'_>)> {
+    /// What a snapshot with history holds besides its keys and events, and those, part by part
+    /// (etcd's format: the key space at the compact revision and every revision since).
+    pub async fn snapshot_history(&self) -> Result<(snapshot::Head, snapshot::History<'_>)> {
+        let head = self.snapshot_head().await?;
+        let history = snapshot::History::new(self.backend.as_ref(), &head);
+        Ok((head, history))
+    }
+
+    async fn snapshot_head(&self) -> Result<snapshot::Head> {
         let revs = self.backend.revisions().await?;
         let mut leases = self.backend.leases().await?;
         leases.sort_unstable();
@@ -237,15 +243,15 @@ impl Store {
             Some(record) => Some(crate::auth::state::AuthState::decode(&record.data)?),
             None => None,
         };
-        let head = snapshot::Head {
+        Ok(snapshot::Head {
             revision: revs.current,
             compact_revision: revs.compacted,
+            base_revision: revs.compacted.clamp(1, revs.current.max(1)),
             cluster_id: self.backend.cluster_id(),
             member_id: self.backend.member_id(),
             leases,
             auth,
-        };
-        Ok((head, snapshot::Pages::new(self.backend.as_ref(), revs.current)))
+        })
     }
 
     /// Writes a snapshot of the current key space and leases in kine-rs's format (without its
@@ -253,7 +259,8 @@ impl Store {
     pub async fn snapshot<W: tokio::io::AsyncWrite + Unpin>(&self, out: &mut W) -> Result<Revision> {
         use tokio::io::AsyncWriteExt;
         let io = |e: std::io::Error| Error::Backend(anyhow::anyhow!("writing the snapshot: {e}"));
-        let (head, mut pages) = self.snapshot_source().await?;
+        let head = self.snapshot_head().await?;
+        let mut pages = snapshot::Pages::new(self.backend.as_ref(), head.revision);
         let encoded = snapshot::encode_head(head.revision, head.compact_revision, head.cluster_id, &head.leases);
         out.write_all(&encoded).await.map_err(io)?;
         let mut written = encoded.len() as u64;

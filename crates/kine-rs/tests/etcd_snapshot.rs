@@ -15,7 +15,7 @@ use common::*;
 use etcd::{Etcd, Version};
 use etcd_client::*;
 use kine_testkit::TempDir;
-use kine_testkit::nats::free_port;
+use kine_testkit::nats::{NatsServer, free_port};
 use std::path::Path;
 use std::process::Command;
 
@@ -89,21 +89,46 @@ fn etcdutl_status(version: Version, file: &Path) -> (i64, i64) {
     (status["revision"].as_i64().unwrap(), status["totalKey"].as_i64().unwrap())
 }
 
-async fn kine_rs_snapshot_serves_in_etcd(version: Version) {
-    let (server, dir) = sqlite_server(&[]);
+/// The keys at `revision` (their fields as then).
+async fn keys_at(c: &mut Client, revision: i64) -> Vec<Kv> {
+    let r = c.get(vec![0], Some(GetOptions::new().with_from_key().with_revision(revision))).await.unwrap();
+    r.kvs()
+        .iter()
+        .map(|k| (k.key().to_vec(), k.value().to_vec(), k.create_revision(), k.mod_revision(), k.version(), k.lease()))
+        .collect()
+}
+
+/// A snapshot of a store compacted at `compacted` (or never) serves in etcd with the history
+/// etcd would hold: every revision since the compaction.
+async fn kine_rs_snapshot_serves_in_etcd(version: Version, compacted: Option<i64>, nats: bool) {
+    let nats = nats.then(NatsServer::start);
+    let (server, dir) = match &nats {
+        Some(nats) => {
+            (Server::start(&["--endpoint", &format!("{}?noEmbed", nats.url())]), TempDir::new("nats-snapshot"))
+        }
+        None => sqlite_server(&[]),
+    };
     let mut c = server.client().await;
     let lease = populate(&mut c).await;
+    if let Some(at) = compacted {
+        c.compact(at, None).await.unwrap();
+    }
     let (revision, kvs) = everything(&mut c).await;
+    let first = compacted.unwrap_or(2);
+    let past = [first, first + 1, 1500, 1600, revision - 3, revision - 1];
+    let mut history = Vec::new();
+    for at in past {
+        history.push(keys_at(&mut c, at).await);
+    }
     secure(&mut c).await;
     let file = dir.path().join("kine-rs.db");
     save(&server.url, &file, true);
 
     // etcd's tools read it: etcdctl 3.4 checks the bbolt file and hashes it; etcdutl also
-    // decodes every key. Its revision is the newest key's (the last write, a delete, left none).
+    // decodes every key (the history since the compaction: the last revision is a delete's).
     let (ok, out, err) = run(Command::new("etcdctl").env("ETCDCTL_API", "3").args(["snapshot", "status"]).arg(&file));
     assert!(ok, "etcdctl snapshot status failed: {out}{err}");
-    let newest = kvs.iter().map(|kv| kv.3).max().unwrap();
-    assert_eq!(etcdutl_status(version, &file), (newest, kvs.len() as i64));
+    assert_eq!(etcdutl_status(version, &file), (revision, kvs.len() as i64));
 
     // etcdutl turns it into a member's data directory, and etcd serves it as it was.
     let etcd_dir = TempDir::new("etcd-restored");
@@ -121,6 +146,13 @@ async fn kine_rs_snapshot_serves_in_etcd(version: Version) {
     let etcd = Etcd::start_on(version, etcd_dir, &data, "restored", peer);
     let mut e = as_user(&etcd.url, "root", "rootpw").await;
     assert_eq!(everything(&mut e).await, (revision, kvs), "etcd {version:?} serves the same keys at the same revision");
+    for (at, expected) in past.iter().zip(history) {
+        assert_eq!(keys_at(&mut e, *at).await, expected, "etcd {version:?} at revision {at}");
+    }
+    if let Some(at) = compacted {
+        let refused = e.get("big", Some(GetOptions::new().with_revision(at - 1))).await.unwrap_err().to_string();
+        assert!(refused.contains("required revision has been compacted"), "{refused}");
+    }
     assert_secured(&etcd.url).await;
     let ttl = e.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
     assert_eq!((ttl.granted_ttl(), ttl.keys().to_vec()), (600, vec![b"leased".to_vec()]));
@@ -130,12 +162,18 @@ async fn kine_rs_snapshot_serves_in_etcd(version: Version) {
 
 #[tokio::test]
 async fn a_kine_rs_snapshot_restores_into_etcd_3_6() {
-    kine_rs_snapshot_serves_in_etcd(Version::V3_6).await;
+    kine_rs_snapshot_serves_in_etcd(Version::V3_6, None, false).await;
 }
 
 #[tokio::test]
 async fn a_kine_rs_snapshot_restores_into_etcd_3_7() {
-    kine_rs_snapshot_serves_in_etcd(Version::V3_7).await;
+    kine_rs_snapshot_serves_in_etcd(Version::V3_7, Some(1000), false).await;
+}
+
+/// On NATS a Txn writing n keys spends n revisions (n - 1 without events): etcd takes the gaps.
+#[tokio::test]
+async fn a_kine_rs_snapshot_from_nats_restores_into_etcd_3_7() {
+    kine_rs_snapshot_serves_in_etcd(Version::V3_7, Some(1000), true).await;
 }
 
 /// `kine-rs snapshot restore` of `file` into a new SQLite database, served; a root client.

@@ -6,8 +6,8 @@
 use crate::Context;
 use crate::error::status;
 use kine_core::Error;
-use kine_core::snapshot::Format;
-use kine_core::types::{KeyValue, Revision};
+use kine_core::snapshot::{Format, Part};
+use kine_core::types::Revision;
 use kine_proto::etcdserverpb as pb;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
@@ -59,37 +59,64 @@ pub async fn stream(ctx: &Context) -> Result<mpsc::Receiver<Result<pb::SnapshotR
     Ok(rx)
 }
 
-/// The snapshot in `format`, written by a blocking task that the key pages are handed to, in
-/// an unlinked file.
+/// A compaction while the history is read makes the snapshot start again, this many times.
+const ATTEMPTS: usize = 3;
+
+/// The snapshot in `format` (with history), written by a blocking task that the parts are
+/// handed to, in an unlinked file. Started again if a compaction overtakes it.
 async fn write_in(format: Arc<dyn Format>, ctx: &Context) -> Result<(tokio::fs::File, Revision), Status> {
-    let (head, mut pages) = ctx.store.snapshot_source().await.map_err(status)?;
+    let mut attempt = 1;
+    loop {
+        match write_once(format.clone(), ctx).await {
+            Err(Error::Compacted { .. }) if attempt < ATTEMPTS => {
+                tracing::debug!(attempt, "a compaction overtook the snapshot; starting it again");
+                attempt += 1;
+            }
+            Err(Error::Compacted { .. }) => {
+                return Err(status(Error::Unavailable(
+                    "etcdserver: the store was compacted while the snapshot was taken, every time; try again".into(),
+                )));
+            }
+            other => return other.map_err(status),
+        }
+    }
+}
+
+async fn write_once(format: Arc<dyn Format>, ctx: &Context) -> kine_core::Result<(tokio::fs::File, Revision)> {
+    let (head, mut parts) = ctx.store.snapshot_history().await?;
     let revision = head.revision;
     let path = temp_path();
-    let (tx, mut rx) = mpsc::channel::<kine_core::Result<Vec<KeyValue>>>(2);
+    let (tx, mut rx) = mpsc::channel::<kine_core::Result<Part>>(2);
     let out = path.clone();
     let writer = tokio::task::spawn_blocking(move || {
         let mut next = || rx.blocking_recv().transpose();
         format.write(&head, &mut next, &out)
     });
+    let mut read_error = None;
     loop {
-        let page = pages.next().await.transpose();
-        let end = page.is_none();
-        if let Some(page) = page {
-            let failed = page.is_err();
-            if tx.send(page).await.is_err() || failed {
-                break; // the writer stopped (and says why), or it is told why the read failed
+        match parts.next().await {
+            Ok(Some(part)) => {
+                if tx.send(Ok(part)).await.is_err() {
+                    break; // the writer stopped, and says why
+                }
             }
-        }
-        if end {
-            break;
+            Ok(None) => break,
+            Err(e) => {
+                // The writer gives up on an error; the reader's own is the one to report.
+                let _ = tx.send(Err(Error::Backend(anyhow::anyhow!("the snapshot's read failed")))).await;
+                read_error = Some(e);
+                break;
+            }
         }
     }
     drop(tx);
-    let written = writer.await.map_err(|e| status(Error::Backend(anyhow::anyhow!("snapshot writer: {e}"))));
-    let file = match written {
-        Ok(Ok(())) => tokio::fs::File::open(&path).await.map_err(io),
-        Ok(Err(e)) => Err(status(e)),
-        Err(e) => Err(e),
+    let written = writer.await.map_err(|e| Error::Backend(anyhow::anyhow!("snapshot writer: {e}")));
+    let file = match (read_error, written) {
+        (Some(e), _) => Err(e),
+        (None, Ok(Ok(()))) => {
+            tokio::fs::File::open(&path).await.map_err(|e| Error::Backend(anyhow::anyhow!("snapshot file: {e}")))
+        }
+        (None, Ok(Err(e)) | Err(e)) => Err(e),
     };
     let _ = tokio::fs::remove_file(&path).await;
     Ok((file?, revision))

@@ -4,13 +4,13 @@
 //! `kine-rs snapshot restore` takes a snapshot saved from etcd.
 //!
 //! What goes in (etcd 3.4–3.7 use the same schema):
-//! - bucket `key`: each live key's current version under its revision, 8-byte big-endian main
-//!   revision, `_`, 8-byte big-endian sub revision (keys written by one Txn share the main
-//!   revision); the value is an mvccpb.KeyValue. A kine-rs snapshot holds no older versions.
-//! - bucket `meta`: `finishedCompactRev`/`scheduledCompactRev` at the snapshot's revision (the
-//!   restored store starts compacted there, as etcd does after a compaction, and its revision is
-//!   the snapshot's even when the last write was a delete), `consistent_index` and `term` (which
-//!   a restore replaces), `storageVersion` 3.6.0 (etcd 3.6 and 3.7 both start on it).
+//! - bucket `key`: the history etcd would hold: each key's version at the store's compact
+//!   revision, then every revision since, under its revision: 8-byte big-endian main revision,
+//!   `_`, 8-byte big-endian sub revision (the changes of one Txn share the main revision), and
+//!   `t` for a delete; the value is an mvccpb.KeyValue (a delete's: its key alone).
+//! - bucket `meta`: `finishedCompactRev`/`scheduledCompactRev` at the store's compact revision
+//!   (none if never compacted), `consistent_index` and `term` (which a restore replaces),
+//!   `storageVersion` 3.6.0 (etcd 3.6 and 3.7 both start on it).
 //! - bucket `lease`: 8-byte big-endian id → leasepb.Lease {ID, TTL}.
 //! - buckets `auth` (`authEnabled`, `authRevision`), `authUsers` and `authRoles` (authpb.User
 //!   with its bcrypt hash, authpb.Role): the users and roles, when the store has any.
