@@ -112,8 +112,30 @@ impl Etcd {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Listening is not ready: until its cluster version is decided, etcd answers /version
+        // with "not_decided" (seen in CI on a loaded machine), and some requests differ.
+        while !cluster_version_decided(port) {
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(dir.path().join("etcd.log")).unwrap_or_default();
+                panic!("etcd on port {port} never decided its cluster version:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         Etcd { child, url: client, dir: Some(dir) }
     }
+}
+
+/// Whether etcd's `/version` names a cluster version.
+fn cluster_version_decided(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    if conn.write_all(b"GET /version HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer);
+    answer.contains("\"etcdcluster\":\"3.")
 }
 
 impl Etcd {
