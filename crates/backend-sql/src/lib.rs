@@ -20,5 +20,5 @@ mod writer;
 pub use mysql::dsn::{parse as parse_mysql_dsn, redact as redact_mysql_dsn};
 pub use mysql::{MysqlBackend, MysqlOptions};
 pub use pg::{PoolOptions, PostgresBackend, PostgresOptions, TlsFiles};
-pub use restore::restore_sqlite;
+pub use restore::{Restored, Row, restore_sqlite, restore_sqlite_rows};
 pub use sqlite::{SqliteBackend, SqliteOptions};

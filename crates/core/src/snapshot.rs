@@ -36,8 +36,6 @@ pub struct Snapshot {
     pub cluster_id: u64,
     pub leases: Vec<(LeaseId, i64)>,
     pub kvs: Vec<KeyValue>,
-    /// Users, roles and whether auth is on (etcd's snapshots hold them; kine-rs's format not).
-    pub auth: Option<AuthState>,
 }
 
 /// What a snapshot holds besides its keys.
@@ -247,7 +245,7 @@ pub fn decode(file: &[u8]) -> std::result::Result<Snapshot, String> {
     if count != kvs.len() as u64 || r.buf.len() >= 512 || r.buf.iter().any(|&b| b != 0) {
         return Err("the snapshot's key count does not match its content".into());
     }
-    Ok(Snapshot { revision, compact_revision, cluster_id, leases, kvs, auth: None })
+    Ok(Snapshot { revision, compact_revision, cluster_id, leases, kvs })
 }
 
 struct Reader<'a> {

@@ -89,15 +89,6 @@ fn etcdutl_status(version: Version, file: &Path) -> (i64, i64) {
     (status["revision"].as_i64().unwrap(), status["totalKey"].as_i64().unwrap())
 }
 
-/// The keys at `revision` (their fields as then).
-async fn keys_at(c: &mut Client, revision: i64) -> Vec<Kv> {
-    let r = c.get(vec![0], Some(GetOptions::new().with_from_key().with_revision(revision))).await.unwrap();
-    r.kvs()
-        .iter()
-        .map(|k| (k.key().to_vec(), k.value().to_vec(), k.create_revision(), k.mod_revision(), k.version(), k.lease()))
-        .collect()
-}
-
 /// A snapshot of a store compacted at `compacted` (or never) serves in etcd with the history
 /// etcd would hold: every revision since the compaction.
 async fn kine_rs_snapshot_serves_in_etcd(version: Version, compacted: Option<i64>, nats: bool) {
@@ -186,12 +177,21 @@ async fn restore_and_serve(file: &Path, dir: &Path, name: &str) -> (Server, Clie
     (server, client)
 }
 
-async fn etcd_snapshot_serves_in_kine_rs(version: Version) {
+/// A snapshot of etcd compacted at `compacted` (or never) serves in kine-rs with its history.
+async fn etcd_snapshot_serves_in_kine_rs(version: Version, compacted: Option<i64>) {
     let etcd = Etcd::start(version);
     let mut e = Client::connect([etcd.url.as_str()], None).await.unwrap();
     let lease = populate(&mut e).await;
-    e.compact(500, None).await.unwrap();
+    if let Some(at) = compacted {
+        e.compact(at, None).await.unwrap();
+    }
     let (revision, kvs) = everything(&mut e).await;
+    let first = compacted.unwrap_or(2);
+    let past = [first, first + 1, 1500, 1600, revision - 3, revision - 1];
+    let mut history = Vec::new();
+    for at in past {
+        history.push(keys_at(&mut e, at).await);
+    }
     secure(&mut e).await;
     let dir = TempDir::new("etcd-snapshot");
     let file = dir.path().join("etcd.db");
@@ -205,6 +205,13 @@ async fn etcd_snapshot_serves_in_kine_rs(version: Version) {
 
     let (server, mut c) = restore_and_serve(&file, dir.path(), "snapshot").await;
     assert_eq!(everything(&mut c).await, (revision, kvs), "kine-rs serves etcd {version:?}'s keys at its revision");
+    for (at, expected) in past.iter().zip(history) {
+        assert_eq!(keys_at(&mut c, *at).await, expected, "kine-rs at revision {at} of etcd {version:?}'s history");
+    }
+    if let Some(at) = compacted {
+        let refused = c.get("big", Some(GetOptions::new().with_revision(at - 1))).await.unwrap_err().to_string();
+        assert!(refused.contains("required revision has been compacted"), "{refused}");
+    }
     assert_secured(&server.url).await;
     let ttl = c.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
     assert_eq!((ttl.granted_ttl(), ttl.keys().to_vec()), (600, vec![b"leased".to_vec()]));
@@ -214,12 +221,12 @@ async fn etcd_snapshot_serves_in_kine_rs(version: Version) {
 
 #[tokio::test]
 async fn an_etcd_3_6_snapshot_restores_into_kine_rs() {
-    etcd_snapshot_serves_in_kine_rs(Version::V3_6).await;
+    etcd_snapshot_serves_in_kine_rs(Version::V3_6, None).await;
 }
 
 #[tokio::test]
 async fn an_etcd_3_7_snapshot_restores_into_kine_rs() {
-    etcd_snapshot_serves_in_kine_rs(Version::V3_7).await;
+    etcd_snapshot_serves_in_kine_rs(Version::V3_7, Some(500)).await;
 }
 
 /// A restore of `bytes` fails with a message containing `expect`, exits (no crash), and

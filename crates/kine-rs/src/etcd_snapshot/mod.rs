@@ -22,7 +22,7 @@ mod read;
 mod verify;
 mod write;
 
-pub use read::read;
+pub use read::restore;
 pub use write::Etcd;
 
 pub(crate) const KEY: &[u8] = b"key";
@@ -44,12 +44,14 @@ pub(crate) fn revision_key(main: i64, sub: i64) -> [u8; 17] {
     k
 }
 
-/// The main revision of a revision key, and whether it marks a tombstone (a trailing `t`).
-pub(crate) fn parse_revision_key(k: &[u8]) -> Option<(i64, bool)> {
+/// The main and sub revision of a revision key, and whether it marks a tombstone (a trailing
+/// `t`).
+pub(crate) fn parse_revision_key(k: &[u8]) -> Option<(i64, i64, bool)> {
     let main = i64::from_be_bytes(k.get(..8)?.try_into().ok()?);
+    let sub = i64::from_be_bytes(k.get(9..17)?.try_into().ok()?);
     match (k.len(), k.get(8), k.get(17)) {
-        (17, Some(b'_'), None) => Some((main, false)),
-        (18, Some(b'_'), Some(b't')) => Some((main, true)),
+        (17, Some(b'_'), None) => Some((main, sub, false)),
+        (18, Some(b'_'), Some(b't')) => Some((main, sub, true)),
         _ => None,
     }
 }
@@ -74,10 +76,10 @@ mod tests {
         let a = revision_key(2, 1);
         let b = revision_key(10, 0);
         assert!(a < b);
-        assert_eq!(parse_revision_key(&a), Some((2, false)));
+        assert_eq!(parse_revision_key(&a), Some((2, 1, false)));
         let mut t = b.to_vec();
         t.push(b't');
-        assert_eq!(parse_revision_key(&t), Some((10, true)));
+        assert_eq!(parse_revision_key(&t), Some((10, 0, true)));
         assert_eq!(parse_revision_key(b"short"), None);
         t[17] = b'x';
         assert_eq!(parse_revision_key(&t), None);

@@ -1,24 +1,77 @@
-//! Reading a snapshot saved from etcd (or from kine-rs in etcd's format): the sha256 and the
-//! bbolt file's structure are checked (`verify`) before bbolt maps it, then its `key` bucket is
-//! replayed: each key's newest version, tombstones removing keys.
+//! Restoring a snapshot saved from etcd (or from kine-rs in etcd's format) into a new SQLite
+//! database: the sha256 and the bbolt file's structure are checked (`verify`) before bbolt maps
+//! it, then every version its `key` bucket holds (the history since etcd's compaction, deletes
+//! included) is written with its revision, with the leases, the users and roles, and the
+//! compact revision.
 
 use super::auth::{AUTH, ROLES, USERS};
 use super::{FINISHED_COMPACT, KEY, LEASE, Lease, META, parse_revision_key};
-use kine_core::snapshot::Snapshot;
+use anyhow::{Context, anyhow};
+use kine_backend_sql::{Restored, Row};
 use kine_nats_embed::bolt::{Db, Entry};
 use kine_proto::mvccpb;
 use prost::Message;
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
 const SCAN_BYTES: usize = 4 << 20;
 
-/// The live keys, leases and revision of an etcd snapshot (with or without the sha256 that
-/// `snapshot save` appends) or of an etcd data file (`member/snap/db`).
-pub fn read(path: &Path) -> Result<Snapshot, String> {
+/// What a restore wrote.
+pub struct Summary {
+    pub revision: i64,
+    pub compact_revision: i64,
+    pub versions: u64,
+    pub live: u64,
+    pub leases: usize,
+}
+
+/// Restores the etcd snapshot `file` (with or without the sha256 that `snapshot save`
+/// appends; or a stopped member's `member/snap/db`) into a new SQLite database at `db`.
+pub fn restore(file: &Path, db: &Path) -> anyhow::Result<Summary> {
+    let bolt = open(file).map_err(|e| anyhow!("snapshot {}: {e}", file.display()))?;
+    let in_file = |e: String| anyhow!("snapshot {}: {e}", file.display());
+    let buckets = bolt.scan(b"", b"", usize::MAX).map_err(in_file)?;
+    // A bucket etcd always has; empty when missing.
+    let bucket = |name: &[u8]| -> Result<Vec<Entry>, String> {
+        if buckets.iter().any(|(b, _)| b == name) { scan_all(&bolt, name) } else { Ok(Vec::new()) }
+    };
+    let compacted = match bucket(META).map_err(in_file)?.into_iter().find(|(k, _)| k == FINISHED_COMPACT) {
+        Some((_, v)) => parse_revision_key(&v)
+            .map(|(main, _, _)| main)
+            .ok_or_else(|| in_file("meta/finishedCompactRev is malformed".into()))?,
+        None => -1,
+    };
+    let mut leases = Vec::new();
+    for (k, v) in bucket(LEASE).map_err(in_file)? {
+        let lease = Lease::decode(v.as_slice()).map_err(|e| in_file(format!("lease {k:02x?}: {e}")))?;
+        leases.push((lease.id, lease.ttl));
+    }
+    let auth = super::auth::read(
+        &bucket(AUTH).map_err(in_file)?,
+        &bucket(USERS).map_err(in_file)?,
+        &bucket(ROLES).map_err(in_file)?,
+    )
+    .map_err(in_file)?;
+    let restored = Restored { revision: None, compact_revision: compacted, leases, auth };
+    let (mut after, mut versions) = (Vec::new(), 0u64);
+    let mut next = || -> anyhow::Result<Option<Vec<Row>>> {
+        let page = bolt.scan(KEY, &after, SCAN_BYTES).map_err(|e| anyhow!(e))?;
+        let Some((last, _)) = page.last() else { return Ok(None) };
+        after = last.clone();
+        let rows =
+            page.into_iter().map(|(k, v)| row(&k, &v)).collect::<Result<Vec<_>, String>>().map_err(|e| anyhow!(e))?;
+        versions += rows.len() as u64;
+        Ok(Some(rows))
+    };
+    let (revision, live) = kine_backend_sql::restore_sqlite_rows(db, &restored, &mut next)
+        .with_context(|| format!("restore {} into {}", file.display(), db.display()))?;
+    Ok(Summary { revision, compact_revision: compacted, versions, live, leases: restored.leases.len() })
+}
+
+/// The checked bbolt file, open, with etcd's `key` and `meta` buckets.
+fn open(path: &Path) -> Result<Db, String> {
     let mut file = File::open(path).map_err(|e| e.to_string())?;
     let len = file.metadata().map_err(|e| e.to_string())?.len();
     let body = if len % 512 == 32 { check_sha256(&mut file, len - 32)? } else { len };
@@ -30,50 +83,22 @@ pub fn read(path: &Path) -> Result<Snapshot, String> {
             return Err(format!("a bbolt file, but not etcd's: it has no `{}` bucket", String::from_utf8_lossy(need)));
         }
     }
-    let (kvs, last) = replay(&db)?;
-    // A bucket etcd always has; empty when missing.
-    let bucket = |name: &[u8]| -> Result<Vec<Entry>, String> {
-        if buckets.iter().any(|(b, _)| b == name) { scan_all(&db, name) } else { Ok(Vec::new()) }
-    };
-    let compacted = match bucket(META)?.into_iter().find(|(k, _)| k == FINISHED_COMPACT) {
-        Some((_, v)) => parse_revision_key(&v).map(|(main, _)| main).ok_or("meta/finishedCompactRev is malformed")?,
-        None => 0,
-    };
-    let mut leases = Vec::new();
-    for (k, v) in bucket(LEASE)? {
-        let lease = Lease::decode(v.as_slice()).map_err(|e| format!("lease {k:02x?}: {e}"))?;
-        leases.push((lease.id, lease.ttl));
-    }
-    let auth = super::auth::read(&bucket(AUTH)?, &bucket(USERS)?, &bucket(ROLES)?)?;
-    let revision = last.max(compacted).max(1);
-    Ok(Snapshot { revision, compact_revision: revision, cluster_id: 0, leases, kvs, auth })
+    Ok(db)
 }
 
-/// Each key's newest version (tombstoned keys left out), in key order, and the last revision.
-fn replay(db: &Db) -> Result<(Vec<kine_core::types::KeyValue>, i64), String> {
-    let mut live: HashMap<Vec<u8>, mvccpb::KeyValue> = HashMap::new();
-    let mut last = 0;
-    let mut after = Vec::new();
-    loop {
-        let page = db.scan(KEY, &after, SCAN_BYTES)?;
-        let Some((k, _)) = page.last() else { break };
-        after = k.clone();
-        for (k, v) in page {
-            let (main, tombstone) =
-                parse_revision_key(&k).ok_or_else(|| format!("key bucket: malformed revision {k:02x?}"))?;
-            let kv = mvccpb::KeyValue::decode(v.as_slice())
-                .map_err(|e| format!("key bucket: revision {main}: not a KeyValue: {e}"))?;
-            last = last.max(main);
-            if tombstone {
-                live.remove(&kv.key);
-            } else {
-                live.insert(kv.key.clone(), kv);
-            }
-        }
+/// One entry of the `key` bucket as a version to restore.
+fn row(k: &[u8], v: &[u8]) -> Result<Row, String> {
+    let (revision, sub, deleted) =
+        parse_revision_key(k).ok_or_else(|| format!("key bucket: malformed revision {k:02x?}"))?;
+    let kv =
+        mvccpb::KeyValue::decode(v).map_err(|e| format!("key bucket: revision {revision}: not a KeyValue: {e}"))?;
+    let mut kv = kine_server::kv_from_proto(kv);
+    if deleted {
+        kv.mod_revision = revision;
+    } else if kv.mod_revision != revision {
+        return Err(format!("key bucket: revision {revision} holds a version of mod revision {}", kv.mod_revision));
     }
-    let mut kvs: Vec<_> = live.into_values().map(kine_server::kv_from_proto).collect();
-    kvs.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-    Ok((kvs, last))
+    Ok(Row { revision, sub, deleted, kv })
 }
 
 fn scan_all(db: &Db, bucket: &[u8]) -> Result<Vec<Entry>, String> {

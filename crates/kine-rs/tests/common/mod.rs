@@ -196,3 +196,13 @@ pub async fn everything(c: &mut etcd_client::Client) -> (i64, Vec<Kv>) {
         .collect();
     (r.header().unwrap().revision(), kvs)
 }
+
+/// Every key at `revision` with its fields as they were then.
+pub async fn keys_at(c: &mut etcd_client::Client, revision: i64) -> Vec<Kv> {
+    let options = etcd_client::GetOptions::new().with_from_key().with_revision(revision);
+    let r = c.get(vec![0], Some(options)).await.unwrap();
+    r.kvs()
+        .iter()
+        .map(|k| (k.key().to_vec(), k.value().to_vec(), k.create_revision(), k.mod_revision(), k.version(), k.lease()))
+        .collect()
+}
