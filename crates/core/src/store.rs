@@ -230,16 +230,18 @@ impl Store {
     /// What a snapshot with history holds besides its keys and events, and those, part by part
     /// (etcd's format: the key space at the compact revision and every revision since).
     pub async fn snapshot_history(&self) -> Result<(snapshot::Head, snapshot::History<'_>)> {
-        let head = self.snapshot_head().await?;
+        let head = self.snapshot_head(true).await?;
         let history = snapshot::History::new(self.backend.as_ref(), &head);
         Ok((head, history))
     }
 
-    async fn snapshot_head(&self) -> Result<snapshot::Head> {
+    /// The revisions and leases, and the auth record when the format holds it (etcd's does).
+    async fn snapshot_head(&self, with_auth: bool) -> Result<snapshot::Head> {
         let revs = self.backend.revisions().await?;
         let mut leases = self.backend.leases().await?;
         leases.sort_unstable();
-        let auth = match self.backend.auth_record().await? {
+        let record = if with_auth { self.backend.auth_record().await? } else { None };
+        let auth = match record {
             Some(record) => Some(crate::auth::state::AuthState::decode(&record.data)?),
             None => None,
         };
@@ -259,7 +261,7 @@ impl Store {
     pub async fn snapshot<W: tokio::io::AsyncWrite + Unpin>(&self, out: &mut W) -> Result<Revision> {
         use tokio::io::AsyncWriteExt;
         let io = |e: std::io::Error| Error::Backend(anyhow::anyhow!("writing the snapshot: {e}"));
-        let head = self.snapshot_head().await?;
+        let head = self.snapshot_head(false).await?;
         let mut pages = snapshot::Pages::new(self.backend.as_ref(), head.revision);
         let encoded = snapshot::encode_head(head.revision, head.compact_revision, head.cluster_id, &head.leases);
         out.write_all(&encoded).await.map_err(io)?;

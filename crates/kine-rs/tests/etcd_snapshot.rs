@@ -89,6 +89,40 @@ fn etcdutl_status(version: Version, file: &Path) -> (i64, i64) {
     (status["revision"].as_i64().unwrap(), status["totalKey"].as_i64().unwrap())
 }
 
+/// What the store a snapshot was taken from served.
+struct Source {
+    revision: i64,
+    kvs: Vec<Kv>,
+    /// Past revisions, and the keys at each.
+    past: Vec<i64>,
+    history: Vec<Vec<Kv>>,
+    compacted: Option<i64>,
+    lease: i64,
+}
+
+/// The restored store (`c`, a root client of `url`) serves what the source did: the same keys
+/// at the same revision, the same keys at past revisions, "compacted" below the compaction,
+/// the lease and its key, the users and roles; its next write gets the next revision.
+async fn serves_as_the_source_did(c: &mut Client, url: &str, source: &Source, who: &str) {
+    assert_eq!(
+        everything(c).await,
+        (source.revision, source.kvs.clone()),
+        "{who} serves the same keys at the same revision"
+    );
+    for (at, expected) in source.past.iter().zip(&source.history) {
+        assert_eq!(&keys_at(c, *at).await, expected, "{who} at revision {at}");
+    }
+    if let Some(at) = source.compacted {
+        let refused = c.get("big", Some(GetOptions::new().with_revision(at - 1))).await.unwrap_err().to_string();
+        assert!(refused.contains("required revision has been compacted"), "{refused}");
+    }
+    assert_secured(url).await;
+    let ttl = c.lease_time_to_live(source.lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
+    assert_eq!((ttl.granted_ttl(), ttl.keys().to_vec()), (600, vec![b"leased".to_vec()]));
+    let r = c.put("next", "1", None).await.unwrap();
+    assert_eq!(r.header().unwrap().revision(), source.revision + 1);
+}
+
 /// A snapshot of a store compacted at `compacted` (or never) serves in etcd with the history
 /// etcd would hold: every revision since the compaction.
 async fn kine_rs_snapshot_serves_in_etcd(version: Version, compacted: Option<i64>, nats: bool) {
@@ -136,19 +170,8 @@ async fn kine_rs_snapshot_serves_in_etcd(version: Version, compacted: Option<i64
     assert!(ok, "etcdutl {version:?} snapshot restore failed: {out}{err}");
     let etcd = Etcd::start_on(version, etcd_dir, &data, "restored", peer);
     let mut e = as_user(&etcd.url, "root", "rootpw").await;
-    assert_eq!(everything(&mut e).await, (revision, kvs), "etcd {version:?} serves the same keys at the same revision");
-    for (at, expected) in past.iter().zip(history) {
-        assert_eq!(keys_at(&mut e, *at).await, expected, "etcd {version:?} at revision {at}");
-    }
-    if let Some(at) = compacted {
-        let refused = e.get("big", Some(GetOptions::new().with_revision(at - 1))).await.unwrap_err().to_string();
-        assert!(refused.contains("required revision has been compacted"), "{refused}");
-    }
-    assert_secured(&etcd.url).await;
-    let ttl = e.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
-    assert_eq!((ttl.granted_ttl(), ttl.keys().to_vec()), (600, vec![b"leased".to_vec()]));
-    let r = e.put("next", "1", None).await.unwrap();
-    assert_eq!(r.header().unwrap().revision(), revision + 1);
+    let source = Source { revision, kvs, past: past.to_vec(), history, compacted, lease };
+    serves_as_the_source_did(&mut e, &etcd.url, &source, &format!("etcd {version:?}")).await;
 }
 
 #[tokio::test]
@@ -204,19 +227,8 @@ async fn etcd_snapshot_serves_in_kine_rs(version: Version, compacted: Option<i64
     drop(member_server);
 
     let (server, mut c) = restore_and_serve(&file, dir.path(), "snapshot").await;
-    assert_eq!(everything(&mut c).await, (revision, kvs), "kine-rs serves etcd {version:?}'s keys at its revision");
-    for (at, expected) in past.iter().zip(history) {
-        assert_eq!(keys_at(&mut c, *at).await, expected, "kine-rs at revision {at} of etcd {version:?}'s history");
-    }
-    if let Some(at) = compacted {
-        let refused = c.get("big", Some(GetOptions::new().with_revision(at - 1))).await.unwrap_err().to_string();
-        assert!(refused.contains("required revision has been compacted"), "{refused}");
-    }
-    assert_secured(&server.url).await;
-    let ttl = c.lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
-    assert_eq!((ttl.granted_ttl(), ttl.keys().to_vec()), (600, vec![b"leased".to_vec()]));
-    let r = c.put("next", "1", None).await.unwrap();
-    assert_eq!(r.header().unwrap().revision(), revision + 1);
+    let source = Source { revision, kvs, past: past.to_vec(), history, compacted, lease };
+    serves_as_the_source_did(&mut c, &server.url, &source, &format!("kine-rs from etcd {version:?}")).await;
 }
 
 #[tokio::test]
