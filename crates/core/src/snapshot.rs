@@ -66,7 +66,7 @@ pub enum Part {
 /// that links a bbolt implementation).
 pub trait Format: Send + Sync + std::fmt::Debug {
     /// Writes a snapshot into the new file `out`: `head`, then the parts `next` returns until
-    /// `None`. Blocking; the file is synced.
+    /// `None`. Blocking; the file is read back at once and deleted (it is not synced).
     fn write(&self, head: &Head, next: &mut dyn FnMut() -> Result<Option<Part>>, out: &std::path::Path) -> Result<()>;
 }
 

@@ -16,8 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime/debug"
 	"runtime/cgo"
+	"runtime/debug"
 	"time"
 	"unsafe"
 
@@ -56,8 +56,8 @@ func KineBoltOpen(path *C.char, create C.int, errOut **C.char) C.uintptr_t {
 	err := guard(func() error {
 		opts := &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType}
 		if create != 0 {
-			// etcd's own settings for its backend: no freelist page, no fsync per commit (the
-			// file is synced once, when it is complete).
+			// No freelist page, as etcd writes; no fsync: the file is a scratch copy, streamed
+			// once and deleted.
 			opts.NoSync, opts.NoGrowSync = true, true
 			f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 			if err != nil {
@@ -134,7 +134,8 @@ func KineBoltPut(h C.uintptr_t, buf *C.char, n C.size_t) *C.char {
 }
 
 // KineBoltWriteTo writes a consistent copy of the database to the new file path (what etcd
-// streams as a snapshot: exactly the pages in use) and syncs it.
+// streams as a snapshot: exactly the pages in use). Not synced: the copy is streamed and
+// deleted, never kept.
 //
 //export KineBoltWriteTo
 func KineBoltWriteTo(h C.uintptr_t, path *C.char) *C.char {
@@ -148,9 +149,6 @@ func KineBoltWriteTo(h C.uintptr_t, path *C.char) *C.char {
 			_, err := tx.WriteTo(f)
 			return err
 		})
-		if err == nil {
-			err = f.Sync()
-		}
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}

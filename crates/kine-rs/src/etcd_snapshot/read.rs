@@ -30,9 +30,8 @@ pub struct Summary {
 /// Restores the etcd snapshot `file` (with or without the sha256 that `snapshot save`
 /// appends; or a stopped member's `member/snap/db`) into a new SQLite database at `db`.
 pub fn restore(file: &Path, db: &Path) -> anyhow::Result<Summary> {
-    let bolt = open(file).map_err(|e| anyhow!("snapshot {}: {e}", file.display()))?;
+    let (bolt, buckets) = open(file).map_err(|e| anyhow!("snapshot {}: {e}", file.display()))?;
     let in_file = |e: String| anyhow!("snapshot {}: {e}", file.display());
-    let buckets = bolt.scan(b"", b"", usize::MAX).map_err(in_file)?;
     // A bucket etcd always has; empty when missing.
     let bucket = |name: &[u8]| -> Result<Vec<Entry>, String> {
         if buckets.iter().any(|(b, _)| b == name) { scan_all(&bolt, name) } else { Ok(Vec::new()) }
@@ -70,8 +69,8 @@ pub fn restore(file: &Path, db: &Path) -> anyhow::Result<Summary> {
     Ok(Summary { revision, compact_revision: compacted, versions, live, leases: restored.leases.len() })
 }
 
-/// The checked bbolt file, open, with etcd's `key` and `meta` buckets.
-fn open(path: &Path) -> Result<Db, String> {
+/// The checked bbolt file, open, and its top-level buckets (etcd's `key` and `meta` among them).
+fn open(path: &Path) -> Result<(Db, Vec<Entry>), String> {
     let mut file = File::open(path).map_err(|e| e.to_string())?;
     let len = file.metadata().map_err(|e| e.to_string())?.len();
     let body = if len % 512 == 32 { check_sha256(&mut file, len - 32)? } else { len };
@@ -83,7 +82,7 @@ fn open(path: &Path) -> Result<Db, String> {
             return Err(format!("a bbolt file, but not etcd's: it has no `{}` bucket", String::from_utf8_lossy(need)));
         }
     }
-    Ok(db)
+    Ok((db, buckets))
 }
 
 /// One entry of the `key` bucket as a version to restore.
