@@ -8,6 +8,11 @@
 //! time fails with [`Error::TimedOut`] (etcd's "request timed out"; its outcome is unknown, as
 //! in etcd); reads that may legitimately be long (unlimited ranges, a watch catching up) get ten
 //! times as long; compaction, defragmentation and promotion have bounds of their own.
+//!
+//! A client request that makes several operations (a lease grant writes, then reads the
+//! revision; an auth check reads before the write) shares one budget: the server runs each
+//! request inside [`request`], and a short operation gets what is left of the request timeout
+//! since the request began, so the request as a whole answers within it.
 
 use crate::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Promotion, Replication, Revisions, Role};
 use crate::error::{Error, Result};
@@ -18,6 +23,16 @@ use crate::types::{KeyRange, LeaseId, Revision, RevisionEvents};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
+
+tokio::task_local! {
+    /// When the client request being served began (set by [`request`]).
+    static REQUEST_STARTED: tokio::time::Instant;
+}
+
+/// Runs one client request: its short datastore operations share one request timeout.
+pub fn request<F: Future>(f: F) -> tokio::task::futures::TaskLocalFuture<tokio::time::Instant, F> {
+    REQUEST_STARTED.scope(tokio::time::Instant::now(), f)
+}
 
 pub struct Metered {
     inner: Arc<dyn Backend>,
@@ -49,6 +64,13 @@ impl Metered {
         };
         if limit.is_zero() {
             return f.await;
+        }
+        let limit = match (bound, REQUEST_STARTED.try_with(tokio::time::Instant::elapsed)) {
+            (Bound::Short, Ok(spent)) => limit.saturating_sub(spent),
+            _ => limit,
+        };
+        if limit.is_zero() {
+            return Err(Error::TimedOut);
         }
         tokio::time::timeout(limit, f).await.unwrap_or(Err(Error::TimedOut))
     }
@@ -279,5 +301,103 @@ impl Backend for Metered {
 
     async fn promote(&self) -> Result<Promotion> {
         self.observe_bounded(Bound::None, "Promote", String::new, self.inner.promote()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryBackend;
+
+    /// The in-memory backend, with writes and revision reads that take `delay` each.
+    struct Slow {
+        inner: MemoryBackend,
+        delay: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for Slow {
+        fn name(&self) -> &'static str {
+            "slow"
+        }
+        fn cluster_id(&self) -> u64 {
+            self.inner.cluster_id()
+        }
+        fn member_id(&self) -> u64 {
+            self.inner.member_id()
+        }
+        async fn revisions(&self) -> Result<Revisions> {
+            tokio::time::sleep(self.delay).await;
+            self.inner.revisions().await
+        }
+        async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+            self.inner.range(req).await
+        }
+        async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+            tokio::time::sleep(self.delay).await;
+            self.inner.write(op).await
+        }
+        async fn compact(&self, revision: Revision) -> Result<Revision> {
+            self.inner.compact(revision).await
+        }
+        async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+            self.inner.events(range, after, until).await
+        }
+        fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
+            self.inner.subscribe()
+        }
+        async fn leases(&self) -> Result<Vec<(LeaseId, i64)>> {
+            self.inner.leases().await
+        }
+        async fn lease_keys(&self, id: LeaseId) -> Result<Vec<Vec<u8>>> {
+            self.inner.lease_keys(id).await
+        }
+        async fn status(&self) -> Result<BackendStatus> {
+            self.inner.status().await
+        }
+        async fn defragment(&self) -> Result<()> {
+            self.inner.defragment().await
+        }
+        async fn close(&self) {
+            self.inner.close().await
+        }
+        async fn auth_record(&self) -> Result<Option<AuthRecord>> {
+            self.inner.auth_record().await
+        }
+        async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+            self.inner.auth_replace(expected, data).await
+        }
+    }
+
+    fn slow(delay: Duration) -> Metered {
+        let backend = Arc::new(Slow { inner: MemoryBackend::new(), delay });
+        Metered::new(backend, Duration::ZERO, Duration::ZERO).with_timeout(Duration::from_secs(7))
+    }
+
+    /// A lease grant's write and revision read: 5 s each. Alone, each is within the 7-s
+    /// timeout; in one request, the second gets the 2 s left and the request ends at 7 s.
+    #[tokio::test(start_paused = true)]
+    async fn the_operations_of_one_request_share_its_timeout() {
+        let m = slow(Duration::from_secs(5));
+        let grant = |id| m.write(WriteOp::LeaseGrant { id, ttl: 60 });
+        assert!(grant(1).await.is_ok());
+        assert!(m.revisions().await.is_ok());
+
+        let started = tokio::time::Instant::now();
+        let outcome = request(async {
+            grant(2).await?;
+            m.revisions().await
+        })
+        .await;
+        assert!(matches!(outcome, Err(Error::TimedOut)), "{outcome:?}");
+        assert_eq!(started.elapsed(), Duration::from_secs(7));
+
+        // A request that has spent its budget fails its next operation at once.
+        let outcome = request(async {
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            m.revisions().await
+        })
+        .await;
+        assert!(matches!(outcome, Err(Error::TimedOut)), "{outcome:?}");
     }
 }

@@ -4,6 +4,7 @@
 //! ([`error`]). It knows no datastore.
 
 mod auth;
+mod budget;
 mod cluster;
 mod convert;
 /// etcd's mvccpb.KeyValue to and from the core's (also the records of etcd's `key` bucket).
@@ -164,7 +165,11 @@ pub async fn serve(
         .route("/version", axum::routing::any(handler))
         .fallback(gateway::not_found);
     // HTTP/1.1 too, for the JSON gateway (gRPC needs HTTP/2).
-    let router = builder.accept_http1(true).layer(grpc_metrics::GrpcMetricsLayer).add_routes(served.into());
+    let router = builder
+        .accept_http1(true)
+        .layer(grpc_metrics::GrpcMetricsLayer)
+        .layer(budget::RequestBudgetLayer)
+        .add_routes(served.into());
     let mut stop = shutdown;
     let signal = async move { stop.wait().await };
     match listener {
