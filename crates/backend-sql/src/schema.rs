@@ -180,6 +180,28 @@ pub fn init(conn: &mut Connection) -> Result<Meta> {
     Ok(meta)
 }
 
+/// The bookkeeping of an existing database, changing nothing (a read-only open): fails if the
+/// file is not a kine-rs database of this schema version.
+pub fn existing(conn: &Connection) -> Result<Meta> {
+    let has_meta: bool = conn
+        .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'", [], |r| r.get(0))
+        .context("read the schema (is this an SQLite database?)")?;
+    if !has_meta {
+        anyhow::bail!("not a kine-rs database (it has no meta table)");
+    }
+    match get(conn, "schema_version")? {
+        Some(SCHEMA_VERSION) => read_meta(conn),
+        Some(old @ (1 | 2)) => anyhow::bail!(
+            "the database has schema version {old}: serve it once with this kine-rs (which migrates it to version \
+             {SCHEMA_VERSION}) before reading it read-only"
+        ),
+        Some(other) => {
+            anyhow::bail!("database schema version {other} is not supported (this kine-rs knows {SCHEMA_VERSION})")
+        }
+        None => anyhow::bail!("not a kine-rs database (no schema version in its meta table)"),
+    }
+}
+
 pub fn read_meta(conn: &Connection) -> Result<Meta> {
     let need = |name: &str| -> Result<i64> { get(conn, name)?.with_context(|| format!("meta row {name} is missing")) };
     Ok(Meta {

@@ -10,7 +10,7 @@ use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
 use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, range};
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -34,6 +34,8 @@ pub struct SqliteBackend {
     readers: Arc<ReadPool>,
     cluster_id: u64,
     member_id: u64,
+    /// Opened with [`SqliteBackend::open_read_only`]: no writer; revisions read from the file.
+    read_only: bool,
 }
 
 impl SqliteBackend {
@@ -60,7 +62,41 @@ impl SqliteBackend {
             writer: Writer::new(writer),
             cluster_id: meta.cluster_id,
             member_id: meta.member_id,
+            read_only: false,
         })
+    }
+
+    /// Opens an existing database read-only (`kine-rs inspect`): nothing is created, migrated
+    /// or written, and a kine-rs may be serving it meanwhile (each read sees the newest
+    /// committed state). Writes are refused.
+    pub fn open_read_only(path: &Path) -> anyhow::Result<SqliteBackend> {
+        std::fs::metadata(path).with_context(|| format!("SQLite database {}", path.display()))?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags)
+            .with_context(|| format!("open SQLite database {} read-only", path.display()))?;
+        conn.busy_timeout(std::time::Duration::from_secs(30)).context("set busy timeout")?;
+        let meta = schema::existing(&conn).with_context(|| format!("SQLite database {}", path.display()))?;
+        Ok(SqliteBackend {
+            readers: Arc::new(ReadPool::new(path.to_path_buf(), 4)),
+            path: path.to_path_buf(),
+            shared: Arc::new(Shared {
+                current: AtomicI64::new(meta.revision),
+                compacted: AtomicI64::new(meta.compact_revision),
+                feed: broadcast::channel(1).0,
+            }),
+            writer: Writer::none(),
+            cluster_id: meta.cluster_id,
+            member_id: meta.member_id,
+            read_only: true,
+        })
+    }
+
+    /// The refusal of a write to a read-only open.
+    fn refuse_write(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly(format!("{} is open read-only", self.path.display())));
+        }
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -94,6 +130,10 @@ impl Backend for SqliteBackend {
     }
 
     async fn revisions(&self) -> Result<Revisions> {
+        if self.read_only {
+            let (current, compacted) = self.readers.read(|conn| Ok(schema::revisions(conn)?)).await?;
+            return Ok(Revisions { current, compacted });
+        }
         if self.writer.is_stopped() {
             return Err(stopped());
         }
@@ -121,10 +161,12 @@ impl Backend for SqliteBackend {
     }
 
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        self.refuse_write()?;
         self.writer.submit(|reply| Job::Write(op, reply)).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.refuse_write()?;
         self.writer.submit(|reply| Job::Compact(revision, reply)).await
     }
 
@@ -181,6 +223,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn defragment(&self) -> Result<()> {
+        self.refuse_write()?;
         // Idle readers would keep the old file pages alive in their snapshots.
         self.readers.clear();
         self.writer.submit(Job::Defragment).await
@@ -192,7 +235,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn auth_record(&self) -> Result<Option<AuthRecord>> {
-        if self.writer.is_stopped() {
+        if self.writer.is_stopped() && !self.read_only {
             return Err(stopped());
         }
         self.readers.read(|conn| Ok(crate::auth::sqlite_record(conn)?)).await
@@ -201,6 +244,7 @@ impl Backend for SqliteBackend {
     /// On a connection of its own beside the writer thread (one statement, committed at once;
     /// SQLite's file lock orders it with every other writer, of this process or another).
     async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        self.refuse_write()?;
         if self.writer.is_stopped() {
             return Err(stopped());
         }

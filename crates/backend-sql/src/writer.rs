@@ -47,6 +47,11 @@ impl Writer {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// No writer thread: every job fails as after a close (a read-only open).
+    pub fn none() -> Writer {
+        Writer(std::sync::Mutex::new(None))
+    }
+
     pub fn is_stopped(&self) -> bool {
         self.sender().is_none()
     }

@@ -178,6 +178,16 @@ pub enum Command {
     /// Snapshots taken with `etcdctl snapshot save` from kine-rs or from etcd (etcd's bbolt format)
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Reads the datastore --endpoint names without changing it (stopped, or served meanwhile):
+    /// keys, values, a key's history, what changed between two revisions
+    Inspect {
+        /// text: tab-separated with a header, unprintable bytes escaped; json: one object per
+        /// line, keys and values in base64 (as `etcdctl -w json`)
+        #[arg(long, value_enum, default_value = "text")]
+        output: crate::inspect::Output,
+        #[command(subcommand)]
+        what: crate::inspect::InspectCommand,
+    },
 }
 
 #[derive(clap::Subcommand, Debug, Clone)]

@@ -7,6 +7,7 @@ mod embedded;
 mod endpoint;
 #[cfg(feature = "embedded-nats")]
 mod etcd_snapshot;
+mod inspect;
 mod listen;
 mod metrics_http;
 mod restore;
@@ -47,6 +48,15 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    if let Some(cli::Command::Inspect { output, what }) = &cli.command {
+        return match runtime.block_on(inspect::run(&cli.endpoint, *output, what)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let result = runtime.block_on(async {
         let (trigger, stop) = app::shutdown_channel();
         let signals = tokio::spawn(signals(trigger.clone()));

@@ -1,0 +1,260 @@
+//! `kine-rs inspect` on SQLite, while kine-rs serves the database and after it stopped: every
+//! answer is checked against what the server itself answers over the etcd API (keys at a
+//! revision, the events of a watch from the compact revision), and the stopped database's files
+//! are unchanged by it.
+
+mod common;
+use base64::Engine as _;
+use common::*;
+use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+/// `kine-rs inspect --output json ARGS` on the database in `dir`: each line's JSON, or the error.
+fn inspect(dir: &Path, args: &[&str]) -> Result<Vec<serde_json::Value>, String> {
+    let endpoint = db_endpoint(dir);
+    let mut cmd = Command::new(server_bin());
+    cmd.args(["--endpoint", &endpoint, "inspect", "--output", "json"]).args(args);
+    let (ok, out, err) = run(&mut cmd);
+    if !ok {
+        return Err(err);
+    }
+    Ok(out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect())
+}
+
+fn bytes(v: &serde_json::Value) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD.decode(v.as_str().expect("base64 text")).expect("base64")
+}
+
+fn int(v: &serde_json::Value) -> i64 {
+    v.as_i64().unwrap_or_else(|| panic!("{v} is not an integer"))
+}
+
+/// A printed version as the tests' `Kv` tuple.
+fn kv(o: &serde_json::Value) -> Kv {
+    (
+        bytes(&o["key"]),
+        bytes(&o["value"]),
+        int(&o["create_revision"]),
+        int(&o["mod_revision"]),
+        int(&o["version"]),
+        int(&o["lease"]),
+    )
+}
+
+/// 2,500 keys (more than one page), updates, deletes, a compaction, a key on a lease, binary
+/// values. Returns (compact revision, a revision between it and the end).
+async fn load(c: &mut etcd_client::Client) -> (i64, i64) {
+    for batch in 0..25 {
+        let puts: Vec<TxnOp> = (0..100)
+            .map(|i| TxnOp::put(format!("/registry/cm/{:05}", batch * 100 + i), vec![0, 1, i as u8], None))
+            .collect();
+        c.txn(Txn::new().and_then(puts)).await.unwrap();
+    }
+    for i in (0..2500).step_by(7) {
+        c.put(format!("/registry/cm/{i:05}"), format!("updated {i}"), None).await.unwrap();
+    }
+    let compact = c.delete("/registry/cm/00003", None).await.unwrap().header().unwrap().revision();
+    c.compact(compact, None).await.unwrap();
+    let middle = c.put("/registry/cm/00003", "back", None).await.unwrap().header().unwrap().revision();
+    let lease = c.lease_grant(600, None).await.unwrap().id();
+    c.put("/registry/leases/x", "held", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    for i in (0..2500).step_by(11) {
+        let key = format!("/registry/cm/{i:05}");
+        let txn = Txn::new()
+            .when([Compare::version(key.as_str(), CompareOp::Greater, 0)])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        c.txn(txn).await.unwrap();
+    }
+    c.put("/registry/cm/00001", "changed again", None).await.unwrap();
+    (compact, middle)
+}
+
+/// Every event of the prefix after `after`, as the server's own watch delivers them:
+/// (revision, PUT/DELETE, key, value).
+async fn watched(
+    c: &mut etcd_client::Client,
+    prefix: &str,
+    after: i64,
+    until: i64,
+) -> Vec<(i64, String, Vec<u8>, Vec<u8>)> {
+    let mut stream =
+        c.watch(prefix, Some(WatchOptions::new().with_prefix().with_start_revision(after + 1))).await.unwrap();
+    let mut out = Vec::new();
+    while out.last().is_none_or(|e: &(i64, String, Vec<u8>, Vec<u8>)| e.0 < until) {
+        let resp = stream.message().await.unwrap().expect("watch open");
+        for e in resp.events() {
+            let kv = e.kv().unwrap();
+            let kind = if e.event_type() == EventType::Put { "PUT" } else { "DELETE" };
+            out.push((kv.mod_revision(), kind.to_string(), kv.key().to_vec(), kv.value().to_vec()));
+        }
+    }
+    out
+}
+
+/// The keys of `keys_at` that differ between two revisions: key → (change, from, to mod revision).
+fn expected_diff(from: &[Kv], to: &[Kv]) -> BTreeMap<Vec<u8>, (String, Option<i64>, Option<i64>)> {
+    let a: BTreeMap<_, _> = from.iter().map(|k| (k.0.clone(), k.3)).collect();
+    let b: BTreeMap<_, _> = to.iter().map(|k| (k.0.clone(), k.3)).collect();
+    let mut out = BTreeMap::new();
+    for (key, rev) in &a {
+        match b.get(key) {
+            None => drop(out.insert(key.clone(), ("deleted".into(), Some(*rev), None))),
+            Some(r) if r != rev => drop(out.insert(key.clone(), ("changed".into(), Some(*rev), Some(*r)))),
+            _ => {}
+        }
+    }
+    for (key, rev) in &b {
+        if !a.contains_key(key) {
+            out.insert(key.clone(), ("created".into(), None, Some(*rev)));
+        }
+    }
+    out
+}
+
+/// Every inspect answer against the server's (which may have stopped since: `server` holds
+/// its answers read before).
+struct Served {
+    revision: i64,
+    compact: i64,
+    middle: i64,
+    keys: Vec<Kv>,
+    at_compact: Vec<Kv>,
+    at_middle: Vec<Kv>,
+    history: Vec<(i64, String, Vec<u8>, Vec<u8>)>,
+}
+
+fn answers_as_served(dir: &Path, s: &Served) {
+    let status = &inspect(dir, &["status"]).unwrap()[0];
+    assert_eq!(int(&status["revision"]), s.revision, "{status}");
+    assert_eq!(int(&status["compact_revision"]), s.compact, "{status}");
+    assert_eq!(int(&status["keys"]), s.keys.len() as i64, "{status}");
+    assert_eq!(int(&status["leases"]), 1, "{status}");
+
+    let list: Vec<Kv> = inspect(dir, &["list", "--values"]).unwrap().iter().map(kv).collect();
+    assert_eq!(list, s.keys);
+    let at: Vec<Kv> =
+        inspect(dir, &["list", "--values", "--revision", &s.middle.to_string()]).unwrap().iter().map(kv).collect();
+    assert_eq!(at, s.at_middle);
+    let prefixed = inspect(dir, &["list", "/registry/leases/"]).unwrap();
+    assert_eq!(prefixed.len(), 1);
+    assert_eq!(bytes(&prefixed[0]["key"]), b"/registry/leases/x");
+    assert!(prefixed[0].get("value").is_none(), "values only with --values");
+    assert_eq!(int(&prefixed[0]["value_size"]), 4);
+
+    let got = &inspect(dir, &["get", "/registry/cm/00001"]).unwrap()[0];
+    assert_eq!(bytes(&got["value"]), b"changed again");
+    let old = &inspect(dir, &["get", "/registry/cm/00003", "--revision", &s.middle.to_string()]).unwrap()[0];
+    assert_eq!(bytes(&old["value"]), b"back");
+
+    // The history: each key's version at the compact revision, then every event since.
+    let history = inspect(dir, &["history", "/registry/", "--prefix", "--values"]).unwrap();
+    let (kept, events) = history.split_at(s.at_compact.len());
+    assert_eq!(kept.iter().map(|e| kv(&e["kv"])).collect::<Vec<_>>(), s.at_compact);
+    let events: Vec<_> = events
+        .iter()
+        .map(|e| {
+            (
+                int(&e["revision"]),
+                e["type"].as_str().unwrap().to_string(),
+                bytes(&e["kv"]["key"]),
+                bytes(&e["kv"]["value"]),
+            )
+        })
+        .collect();
+    assert_eq!(events, s.history);
+    // Updated before the compaction, deleted after it.
+    let one = inspect(dir, &["history", "/registry/cm/00000", "--values"]).unwrap();
+    let one: Vec<_> = one.iter().map(|e| (e["type"].as_str().unwrap().to_string(), bytes(&e["kv"]["value"]))).collect();
+    assert_eq!(one, [("PUT".to_string(), b"updated 0".to_vec()), ("DELETE".to_string(), vec![])]);
+
+    let diff = inspect(dir, &["diff", &s.compact.to_string(), &s.revision.to_string()]).unwrap();
+    let diff: BTreeMap<_, _> = diff
+        .iter()
+        .map(|d| {
+            let rev = |side: &serde_json::Value| side.get("mod_revision").map(int);
+            (bytes(&d["key"]), (d["change"].as_str().unwrap().to_string(), rev(&d["from"]), rev(&d["to"])))
+        })
+        .collect();
+    assert_eq!(diff, expected_diff(&s.at_compact, &s.keys));
+    assert!(
+        diff.values().any(|d| d.0 == "created")
+            && diff.values().any(|d| d.0 == "deleted")
+            && diff.values().any(|d| d.0 == "changed")
+    );
+
+    // etcd's answer below the compact revision; a future revision; a missing key.
+    let below = inspect(dir, &["list", "--revision", &(s.compact - 1).to_string()]).unwrap_err();
+    assert!(below.contains("required revision has been compacted"), "{below}");
+    let future = inspect(dir, &["get", "/registry/cm/00001", "--revision", &(s.revision + 1).to_string()]).unwrap_err();
+    assert!(future.contains("required revision is a future revision"), "{future}");
+    let missing = inspect(dir, &["get", "/registry/cm/00000"]).unwrap_err();
+    assert!(missing.contains("key \"/registry/cm/00000\" not found at the current revision"), "{missing}");
+}
+
+/// The database files' contents: the database and its WAL. (`-shm`, SQLite's shared-memory
+/// index of the WAL, is no data: every reader of a WAL database updates it, and SQLite rebuilds
+/// it from the WAL when needed.)
+fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| !e.file_name().to_string_lossy().ends_with("-shm"))
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect()
+}
+
+#[tokio::test]
+async fn inspect_reads_a_served_and_a_stopped_database_as_the_server_does() {
+    let (mut server, dir) = sqlite_server(&[]);
+    let mut c = server.client().await;
+    let (compact, middle) = load(&mut c).await;
+    let (revision, keys) = everything(&mut c).await;
+    let served = Served {
+        revision,
+        compact,
+        middle,
+        at_compact: keys_at(&mut c, compact).await,
+        at_middle: keys_at(&mut c, middle).await,
+        history: watched(&mut c, "/registry/", compact, revision).await,
+        keys,
+    };
+    assert!(served.keys.len() > 2000 && served.at_compact.len() > 2000, "more than two pages");
+    answers_as_served(dir.path(), &served);
+
+    drop(c);
+    assert!(server.stop("TERM").await.success());
+    let before = files(dir.path());
+    answers_as_served(dir.path(), &served);
+    assert!(before == files(dir.path()), "inspect changed the stopped database's files");
+
+    // Served again, it takes writes as before: inspect left nothing behind.
+    let endpoint = db_endpoint(dir.path());
+    let again = Server::start(&["--endpoint", &endpoint]);
+    let put = again.client().await.put("/after", "inspect", None).await.unwrap();
+    assert_eq!(put.header().unwrap().revision(), revision + 1);
+}
+
+#[test]
+fn inspect_refuses_what_it_cannot_read_and_creates_nothing() {
+    let dir = kine_testkit::TempDir::new("inspect");
+    let err = inspect(dir.path(), &["status"]).unwrap_err();
+    assert!(err.contains("--endpoint: cannot inspect: SQLite database") && err.contains("No such file"), "{err}");
+    assert!(files(dir.path()).is_empty(), "nothing created");
+
+    std::fs::write(dir.path().join("state.db"), b"not a database").unwrap();
+    let err = inspect(dir.path(), &["list"]).unwrap_err();
+    assert!(err.contains("is this an SQLite database?"), "{err}");
+
+    for (endpoint, says) in [
+        ("nats://127.0.0.1:4222?noEmbed", "kine-rs inspect reads SQLite datastores"),
+        ("postgres://u@127.0.0.1/db", "kine-rs inspect reads SQLite datastores"),
+        ("memory://", "nothing to inspect"),
+    ] {
+        let mut cmd = Command::new(server_bin());
+        cmd.args(["--endpoint", endpoint, "inspect", "status"]);
+        let (ok, _, err) = run(&mut cmd);
+        assert!(!ok && err.contains(says), "{endpoint}: {err}");
+    }
+}
