@@ -86,7 +86,7 @@ async fn start_embedded(
 }
 
 /// kine's `--datastore-*` pool flags, in kine's meanings.
-fn pool_options(cli: &Cli) -> kine_backend_sql::PoolOptions {
+pub(crate) fn pool_options(cli: &Cli) -> kine_backend_sql::PoolOptions {
     let some = |d: std::time::Duration| (!d.is_zero()).then_some(d);
     let max_idle = match cli.datastore_max_idle_connections {
         0 => 20,
@@ -119,7 +119,7 @@ fn pool_flags_unused(cli: &Cli, backend: &str) {
 }
 
 /// kine's datastore TLS flags, for the SQL databases.
-fn sql_tls(cli: &Cli) -> kine_backend_sql::TlsFiles {
+pub(crate) fn sql_tls(cli: &Cli) -> kine_backend_sql::TlsFiles {
     kine_backend_sql::TlsFiles {
         ca_file: cli.ca_file.clone(),
         cert_file: cli.cert_file.clone(),

@@ -49,7 +49,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     if let Some(cli::Command::Inspect { output, what }) = &cli.command {
-        return match runtime.block_on(inspect::run(&cli.endpoint, *output, what)) {
+        return match runtime.block_on(inspect::run(&cli, *output, what)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e:#}");

@@ -1,21 +1,22 @@
-//! `kine-rs inspect` on SQLite, while kine-rs serves the database and after it stopped: every
-//! answer is checked against what the server itself answers over the etcd API (keys at a
-//! revision, the events of a watch from the compact revision), and the stopped database's files
-//! are unchanged by it.
+//! `kine-rs inspect` on SQLite, PostgreSQL and MariaDB, while kine-rs serves the database and
+//! after it stopped: every answer is checked against what the server itself answers over the
+//! etcd API (keys at a revision, the events of a watch from the compact revision), and the
+//! stopped database is unchanged by it (SQLite's files; the SQL databases' rows).
 
 mod common;
 use base64::Engine as _;
 use common::*;
 use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
+use kine_testkit::mysql::MariaDbServer;
+use kine_testkit::postgres::PgServer;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-/// `kine-rs inspect --output json ARGS` on the database in `dir`: each line's JSON, or the error.
-fn inspect(dir: &Path, args: &[&str]) -> Result<Vec<serde_json::Value>, String> {
-    let endpoint = db_endpoint(dir);
+/// `kine-rs inspect --output json ARGS` on `endpoint`: each line's JSON, or the error.
+fn inspect(endpoint: &str, args: &[&str]) -> Result<Vec<serde_json::Value>, String> {
     let mut cmd = Command::new(server_bin());
-    cmd.args(["--endpoint", &endpoint, "inspect", "--output", "json"]).args(args);
+    cmd.args(["--endpoint", endpoint, "inspect", "--output", "json"]).args(args);
     let (ok, out, err) = run(&mut cmd);
     if !ok {
         return Err(err);
@@ -125,7 +126,7 @@ struct Served {
     history: Vec<(i64, String, Vec<u8>, Vec<u8>)>,
 }
 
-fn answers_as_served(dir: &Path, s: &Served) {
+fn answers_as_served(dir: &str, s: &Served) {
     let status = &inspect(dir, &["status"]).unwrap()[0];
     assert_eq!(int(&status["revision"]), s.revision, "{status}");
     assert_eq!(int(&status["compact_revision"]), s.compact, "{status}");
@@ -205,9 +206,11 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-#[tokio::test]
-async fn inspect_reads_a_served_and_a_stopped_database_as_the_server_does() {
-    let (mut server, dir) = sqlite_server(&[]);
+/// A kine-rs on `endpoint` loaded with [`load`]; inspect answers as it does while it serves and
+/// after it stopped, when `unchanged` (the datastore's state, read around the second round)
+/// must not change.
+async fn served_then_stopped(endpoint: &str, unchanged: impl Fn() -> String) {
+    let mut server = Server::start(&["--endpoint", endpoint]);
     let mut c = server.client().await;
     let (compact, middle) = load(&mut c).await;
     let (revision, keys) = everything(&mut c).await;
@@ -221,40 +224,90 @@ async fn inspect_reads_a_served_and_a_stopped_database_as_the_server_does() {
         keys,
     };
     assert!(served.keys.len() > 2000 && served.at_compact.len() > 2000, "more than two pages");
-    answers_as_served(dir.path(), &served);
+    answers_as_served(endpoint, &served);
 
     drop(c);
     assert!(server.stop("TERM").await.success());
-    let before = files(dir.path());
-    answers_as_served(dir.path(), &served);
-    assert!(before == files(dir.path()), "inspect changed the stopped database's files");
+    let before = unchanged();
+    answers_as_served(endpoint, &served);
+    assert!(before == unchanged(), "inspect changed the stopped datastore");
 
     // Served again, it takes writes as before: inspect left nothing behind.
-    let endpoint = db_endpoint(dir.path());
-    let again = Server::start(&["--endpoint", &endpoint]);
+    let again = Server::start(&["--endpoint", endpoint]);
     let put = again.client().await.put("/after", "inspect", None).await.unwrap();
     assert_eq!(put.header().unwrap().revision(), revision + 1);
 }
 
+#[tokio::test]
+async fn inspect_reads_sqlite_served_and_stopped_as_the_server_does() {
+    let dir = TempDir::new("inspect");
+    served_then_stopped(&db_endpoint(dir.path()), || format!("{:?}", files(dir.path()))).await;
+}
+
+/// Every table of the kine-rs store, whole (rows in a fixed order).
+const DUMP: [&str; 5] = [
+    "SELECT mod_revision, sub, key, create_revision, version, lease, deleted, value FROM kv ORDER BY mod_revision, sub",
+    "SELECT key, mod_revision, sub FROM live ORDER BY key",
+    "SELECT name, value FROM meta ORDER BY name",
+    "SELECT id, ttl FROM lease ORDER BY id",
+    "SELECT id, data FROM kine_rs_members ORDER BY id",
+];
+
+#[tokio::test]
+async fn inspect_reads_postgres_served_and_stopped_as_the_server_does() {
+    let pg = PgServer::start();
+    served_then_stopped(&pg.url("inspect"), || DUMP.map(|q| pg.sql("inspect", q)).join("\n")).await;
+}
+
+#[tokio::test]
+async fn inspect_reads_mariadb_served_and_stopped_as_the_server_does() {
+    let db = MariaDbServer::start();
+    served_then_stopped(&db.url("inspect"), || {
+        DUMP.map(|q| db.root_sql(&format!("USE inspect; {}", q.replace(" key", " `key`")))).join("\n")
+    })
+    .await;
+}
+
 #[test]
 fn inspect_refuses_what_it_cannot_read_and_creates_nothing() {
-    let dir = kine_testkit::TempDir::new("inspect");
-    let err = inspect(dir.path(), &["status"]).unwrap_err();
+    let dir = TempDir::new("inspect");
+    let endpoint = db_endpoint(dir.path());
+    let err = inspect(&endpoint, &["status"]).unwrap_err();
     assert!(err.contains("--endpoint: cannot inspect: SQLite database") && err.contains("No such file"), "{err}");
     assert!(files(dir.path()).is_empty(), "nothing created");
 
     std::fs::write(dir.path().join("state.db"), b"not a database").unwrap();
-    let err = inspect(dir.path(), &["list"]).unwrap_err();
+    let err = inspect(&endpoint, &["list"]).unwrap_err();
     assert!(err.contains("is this an SQLite database?"), "{err}");
 
     for (endpoint, says) in [
-        ("nats://127.0.0.1:4222?noEmbed", "kine-rs inspect reads SQLite datastores"),
-        ("postgres://u@127.0.0.1/db", "kine-rs inspect reads SQLite datastores"),
+        ("nats://127.0.0.1:4222?noEmbed", "a NATS bucket is read through a kine-rs serving it"),
         ("memory://", "nothing to inspect"),
     ] {
-        let mut cmd = Command::new(server_bin());
-        cmd.args(["--endpoint", endpoint, "inspect", "status"]);
-        let (ok, _, err) = run(&mut cmd);
-        assert!(!ok && err.contains(says), "{endpoint}: {err}");
+        let err = inspect(endpoint, &["status"]).unwrap_err();
+        assert!(err.contains(says), "{endpoint}: {err}");
     }
+}
+
+/// A database that does not exist is not created; one without a kine-rs store gets no tables.
+#[test]
+fn inspect_creates_no_sql_database_or_table() {
+    let pg = PgServer::start();
+    let err = inspect(&pg.url("missing"), &["status"]).unwrap_err();
+    assert!(err.contains("database \"missing\" does not exist"), "{err}");
+    assert!(!err.contains(kine_testkit::postgres::PASSWORD), "the password leaked: {err}");
+    assert_eq!(pg.sql("postgres", "SELECT count(*) FROM pg_database WHERE datname = 'missing'").trim(), "0");
+    pg.sql("postgres", "CREATE DATABASE other");
+    let err = inspect(&pg.url("other"), &["list"]).unwrap_err();
+    assert!(err.contains("no kine-rs store in this database (it has no meta table)"), "{err}");
+    assert_eq!(pg.sql("other", "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").trim(), "0");
+
+    let db = MariaDbServer::start();
+    let err = inspect(&db.url("missing"), &["status"]).unwrap_err();
+    assert!(err.contains("Unknown database 'missing'"), "{err}");
+    assert!(db.root_sql("SHOW DATABASES LIKE 'missing'").trim().is_empty(), "created");
+    db.root_sql("CREATE DATABASE other");
+    let err = inspect(&db.url("other"), &["list"]).unwrap_err();
+    assert!(err.contains("no kine-rs store in this database (it has no meta table)"), "{err}");
+    assert!(db.root_sql("SHOW TABLES FROM other").trim().is_empty(), "tables created");
 }

@@ -24,6 +24,11 @@ pub const POLL: Duration = Duration::from_millis(100);
 pub struct Nudge(mpsc::SyncSender<()>);
 
 impl Nudge {
+    /// Wakes nothing (a read-only open has no feed).
+    pub fn none() -> Nudge {
+        Nudge(mpsc::sync_channel(1).0)
+    }
+
     pub fn wake(&self) {
         let _ = self.0.try_send(());
     }

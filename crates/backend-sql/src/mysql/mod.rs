@@ -6,6 +6,7 @@
 //! `POLL` and is woken at once by this node's own commits and by `revisions()`; lease changes
 //! are counted in `meta.lease_epoch`, which the feed polls with the revision.
 
+mod connect;
 pub(crate) mod dsn;
 mod feed;
 mod pool;
@@ -17,7 +18,7 @@ use crate::pg::TlsFiles;
 use crate::remote::{PoolOptions, Shared};
 use crate::writer::{Job, Writer, stopped};
 use anyhow::Context;
-use dsn::{Address, Dsn, TlsParam};
+pub use connect::{Connector, Role, connection_lost, unavailable};
 use kine_core::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
 use kine_core::txn::{WriteOp, WriteResponse};
@@ -33,12 +34,6 @@ use view::MyView;
 
 /// How long a read waits for this node's feed to publish what the database already holds.
 const FEED_WAIT: Duration = Duration::from_secs(5);
-/// Connection attempts give up after this unless the DSN sets `timeout`.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A statement that gets no answer for this long fails (the connection is then dropped).
-const IO_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long start-up waits for a database that is not reachable yet.
-const START_PATIENCE: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct MysqlOptions {
@@ -59,142 +54,6 @@ impl std::fmt::Debug for MysqlOptions {
     }
 }
 
-/// What a connection is for: the isolation level it runs at.
-#[derive(Clone, Copy)]
-pub enum Role {
-    /// The writer: each statement sees everything committed (it holds the counter lock).
-    Writer,
-    /// Reads in snapshots, the feed, bookkeeping writes.
-    Pool,
-}
-
-/// Opens connections to the configured database.
-#[derive(Clone)]
-pub struct Connector {
-    opts: mysql::OptsBuilder,
-}
-
-impl Connector {
-    fn new(dsn: &Dsn, tls: Option<mysql::SslOpts>) -> Connector {
-        let mut opts = mysql::OptsBuilder::new()
-            .user(Some(dsn.user.clone()))
-            .pass(dsn.password.clone())
-            .db_name(Some(dsn.database.clone()))
-            .prefer_socket(false)
-            .tcp_connect_timeout(Some(dsn.timeout.unwrap_or(CONNECT_TIMEOUT)))
-            .read_timeout(Some(IO_TIMEOUT))
-            .write_timeout(Some(IO_TIMEOUT))
-            .stmt_cache_size(Some(128))
-            .ssl_opts(tls);
-        opts = match &dsn.address {
-            Address::Tcp { host, port } => opts.ip_or_hostname(Some(host.clone())).tcp_port(*port),
-            Address::Unix(path) => opts.socket(Some(path.clone())),
-        };
-        let mut init = vec!["SET NAMES utf8mb4".to_string()];
-        for (name, value) in &dsn.session_vars {
-            init.push(format!("SET SESSION {name} = {value}"));
-        }
-        Connector { opts: opts.init(init) }
-    }
-
-    pub fn connect(&self, role: Role) -> anyhow::Result<mysql::Conn> {
-        let mut conn = mysql::Conn::new(self.opts.clone()).context("connect to MySQL")?;
-        let level = match role {
-            Role::Writer => "READ COMMITTED",
-            Role::Pool => "REPEATABLE READ",
-        };
-        conn.query_drop(format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}"))
-            .context("set the isolation level")?;
-        Ok(conn)
-    }
-
-    fn without_database(&self) -> Connector {
-        Connector { opts: self.opts.clone().db_name(None::<String>) }
-    }
-}
-
-/// The MySQL error code in `e`'s chain, if the server answered with one.
-fn server_code(e: &anyhow::Error) -> Option<u16> {
-    e.chain().find_map(|c| match c.downcast_ref::<mysql::Error>() {
-        Some(mysql::Error::MySqlError(m)) => Some(m.code),
-        _ => None,
-    })
-}
-
-/// Did `e` come from a connection that no longer works (network, protocol, server shutting
-/// down, or a lock wait that gave up)? Such failures are outages: `Unavailable`.
-pub fn connection_lost(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| match c.downcast_ref::<mysql::Error>() {
-        Some(mysql::Error::IoError(_) | mysql::Error::CodecError(_)) => true,
-        Some(mysql::Error::DriverError(d)) => {
-            !matches!(d, mysql::DriverError::Params(_) | mysql::DriverError::MismatchedStmtParams(..))
-        }
-        // Server shutdown (1053), connection killed (1927), lock wait timeout (1205), deadlock
-        // (1213), read-only server (1290, a failed-over primary), too many connections (1040).
-        Some(mysql::Error::MySqlError(m)) => matches!(m.code, 1053 | 1927 | 1205 | 1213 | 1290 | 1040),
-        _ => c.downcast_ref::<std::io::Error>().is_some(),
-    })
-}
-
-/// A failed TLS handshake (unknown CA, wrong name, no TLS on the server) fails the same way
-/// again: not worth retrying at start-up.
-fn tls_refused(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        matches!(c.downcast_ref::<mysql::Error>(), Some(mysql::Error::TlsError(_)))
-            || matches!(
-                c.downcast_ref::<mysql::Error>(),
-                Some(mysql::Error::DriverError(mysql::DriverError::TlsNotSupported))
-            )
-            || c.downcast_ref::<rustls::Error>().is_some()
-            || c.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-    }) || {
-        // The client wraps the handshake's error in its codec's I/O error, as text.
-        let text = format!("{e:#}");
-        text.contains("invalid peer certificate") || text.contains("peer is incompatible")
-    }
-}
-
-pub fn unavailable(e: &anyhow::Error) -> Error {
-    Error::Unavailable(format!("MySQL: {e:#}"))
-}
-
-/// TLS from kine's flags and the DSN's `tls` parameter.
-fn tls_options(files: &TlsFiles, param: Option<TlsParam>) -> anyhow::Result<Option<mysql::SslOpts>> {
-    let flags = files.ca_file.is_some() || files.cert_file.is_some() || files.key_file.is_some() || files.skip_verify;
-    let skip = match (param, flags) {
-        (Some(TlsParam::Off), true) => {
-            anyhow::bail!("--ca-file/--cert-file/--key-file/--skip-verify: the DSN says tls=false")
-        }
-        (Some(TlsParam::Off) | None, false) => return Ok(None),
-        (Some(TlsParam::Preferred), false) => {
-            tracing::warn!(
-                "tls=preferred: kine-rs connects without TLS unless --ca-file/--cert-file/--key-file are given"
-            );
-            return Ok(None);
-        }
-        (Some(TlsParam::SkipVerify), _) => true,
-        _ => files.skip_verify,
-    };
-    let mut ssl =
-        mysql::SslOpts::default().with_danger_accept_invalid_certs(skip).with_danger_skip_domain_validation(skip);
-    if let Some(ca) = &files.ca_file {
-        anyhow::ensure!(ca.is_file(), "--ca-file {}: no such file", ca.display());
-        ssl = ssl.with_root_cert_path(Some(ca.clone()));
-    }
-    match (&files.cert_file, &files.key_file) {
-        (Some(cert), Some(key)) => {
-            anyhow::ensure!(cert.is_file(), "--cert-file {}: no such file", cert.display());
-            anyhow::ensure!(key.is_file(), "--key-file {}: no such file", key.display());
-            ssl = ssl.with_client_identity(Some(mysql::ClientIdentity::new(cert.clone(), key.clone())));
-        }
-        (None, None) => {}
-        _ => anyhow::bail!("--cert-file and --key-file go together"),
-    }
-    Ok(Some(ssl))
-}
-
 pub struct MysqlBackend {
     shared: Arc<Shared>,
     writer: Writer,
@@ -203,42 +62,15 @@ pub struct MysqlBackend {
     readers: Arc<ReadPool>,
     cluster_id: u64,
     member_id: u64,
+    /// Opened with [`MysqlBackend::open_read_only`]: no writer, no feed.
+    read_only: bool,
 }
 
 impl MysqlBackend {
     /// Connects, creates the database if it is missing and the schema if needed, and starts
     /// this node's writer and feed. Blocks (run it off the async threads).
     pub fn open(options: MysqlOptions) -> anyhow::Result<MysqlBackend> {
-        let shown = dsn::redact(&options.url);
-        let with_tls = options.tls.ca_file.is_some() || options.tls.cert_file.is_some();
-        let dsn = dsn::parse(&options.url, with_tls).with_context(|| format!("--endpoint {shown}"))?;
-        let tls = tls_options(&options.tls, dsn.tls).with_context(|| format!("--endpoint {shown}"))?;
-        let connector = Connector::new(&dsn, tls);
-        // A database that is starting (or not reachable yet) gets a while; a refusal (wrong
-        // password, no such user) does not.
-        let started = std::time::Instant::now();
-        let mut warned = false;
-        let mut conn = loop {
-            match connector.connect(Role::Pool) {
-                Ok(c) => break c,
-                // 1049: unknown database.
-                Err(e) if server_code(&e) == Some(1049) => {
-                    create_database(&connector, &dsn.database).with_context(|| format!("--endpoint {shown}"))?;
-                }
-                Err(e)
-                    if server_code(&e).is_none_or(|c| c == 1040)
-                        && !tls_refused(&e)
-                        && started.elapsed() < START_PATIENCE =>
-                {
-                    if !warned {
-                        tracing::warn!(error = format!("{e:#}"), "MySQL not reachable yet; retrying for 30 s");
-                        warned = true;
-                    }
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-                Err(e) => return Err(e.context(format!("--endpoint {shown}"))),
-            }
-        };
+        let (connector, mut conn) = connect::connect(&options, true)?;
         let meta = schema::init(&mut conn)?;
         drop(conn);
         let shared = Arc::new(Shared::new(meta.revision, meta.compact_revision));
@@ -253,16 +85,41 @@ impl MysqlBackend {
             readers: Arc::new(ReadPool::new(connector, options.pool)),
             cluster_id: meta.cluster_id,
             member_id: kine_core::id::random_nonzero(),
+            read_only: false,
         })
     }
-}
 
-fn create_database(connector: &Connector, name: &str) -> anyhow::Result<()> {
-    let mut conn = connector.without_database().connect(Role::Pool).context("connect to create the database")?;
-    conn.query_drop(format!("CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4"))
-        .with_context(|| format!("create database {name}"))?;
-    tracing::info!(database = %name, "MySQL database created");
-    Ok(())
+    /// Opens an existing kine-rs database read-only (`kine-rs inspect`): no database, table
+    /// or row is created, no writer or feed started; nodes may serve it meanwhile. Blocks.
+    pub fn open_read_only(options: MysqlOptions) -> anyhow::Result<MysqlBackend> {
+        let (connector, mut conn) = connect::connect(&options, false)?;
+        let meta = schema::existing(&mut conn).with_context(|| format!("--endpoint {}", dsn::redact(&options.url)))?;
+        Ok(MysqlBackend {
+            shared: Arc::new(Shared::new(meta.revision, meta.compact_revision)),
+            writer: Writer::none(),
+            nudge: feed::Nudge::none(),
+            readers: Arc::new(ReadPool::new(connector, options.pool)),
+            cluster_id: meta.cluster_id,
+            member_id: kine_core::id::random_nonzero(),
+            read_only: true,
+        })
+    }
+
+    /// The refusal of a write to a read-only open.
+    fn refuse_write(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly("the MySQL database is open read-only".into()));
+        }
+        Ok(())
+    }
+
+    /// Reads are served: open read-only, or for writes until closed.
+    fn serving(&self) -> Result<()> {
+        if self.writer.is_stopped() && !self.read_only {
+            return Err(stopped());
+        }
+        Ok(())
+    }
 }
 
 #[async_trait::async_trait]
@@ -280,10 +137,11 @@ impl Backend for MysqlBackend {
     }
 
     async fn revisions(&self) -> Result<Revisions> {
-        if self.writer.is_stopped() {
-            return Err(stopped());
-        }
+        self.serving()?;
         let (current, compacted, _) = self.readers.read(|c| Ok(schema::revisions(c)?)).await?;
+        if self.read_only {
+            return Ok(Revisions { current, compacted });
+        }
         let mut published = self.shared.published.subscribe();
         if *published.borrow() < current {
             self.nudge.wake();
@@ -312,10 +170,12 @@ impl Backend for MysqlBackend {
     }
 
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        self.refuse_write()?;
         self.writer.submit(|reply| Job::Write(op, reply)).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.refuse_write()?;
         self.writer.submit(|reply| Job::Compact(revision, reply)).await
     }
 
@@ -351,6 +211,7 @@ impl Backend for MysqlBackend {
     /// A keep-alive on this node: counted in the database (and in the lease epoch every node's
     /// feed polls).
     async fn lease_renew(&self, id: LeaseId, _ttl: i64) -> Result<()> {
+        self.refuse_write()?;
         let renewals = self
             .readers
             .write(move |c| {
@@ -402,6 +263,7 @@ impl Backend for MysqlBackend {
     }
 
     async fn defragment(&self) -> Result<()> {
+        self.refuse_write()?;
         self.writer.submit(Job::Defragment).await
     }
 
@@ -413,13 +275,12 @@ impl Backend for MysqlBackend {
     }
 
     async fn auth_record(&self) -> Result<Option<AuthRecord>> {
-        if self.writer.is_stopped() {
-            return Err(stopped());
-        }
+        self.serving()?;
         self.readers.single(|c| Ok(crate::auth::mysql_record(c)?)).await
     }
 
     async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        self.refuse_write()?;
         if self.writer.is_stopped() {
             return Err(stopped());
         }
@@ -427,6 +288,7 @@ impl Backend for MysqlBackend {
     }
 
     async fn member_put(&self, id: u64, record: Vec<u8>) -> Result<()> {
+        self.refuse_write()?;
         if self.writer.is_stopped() {
             return Err(stopped());
         }
@@ -434,13 +296,12 @@ impl Backend for MysqlBackend {
     }
 
     async fn member_records(&self) -> Result<Option<Vec<(u64, Vec<u8>)>>> {
-        if self.writer.is_stopped() {
-            return Err(stopped());
-        }
+        self.serving()?;
         self.readers.single(|c| Ok(Some(crate::members::mysql_records(c)?))).await
     }
 
     async fn member_delete(&self, id: u64) -> Result<()> {
+        self.refuse_write()?;
         if self.writer.is_stopped() {
             return Err(stopped());
         }

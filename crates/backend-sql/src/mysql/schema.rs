@@ -113,6 +113,38 @@ pub fn init(conn: &mut mysql::Conn) -> Result<Meta> {
     result
 }
 
+/// The bookkeeping of an existing database, changing nothing (a read-only open): fails if it
+/// holds no kine-rs store of this schema version.
+pub fn existing(conn: &mut mysql::Conn) -> Result<Meta> {
+    let has_meta: Option<i64> = conn
+        .query_first(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'meta'",
+        )
+        .context("read the schema")?;
+    if has_meta != Some(1) {
+        anyhow::bail!("no kine-rs store in this database (it has no meta table)");
+    }
+    conn.query_drop("START TRANSACTION READ ONLY").context("begin a read-only transaction")?;
+    let result = (|| {
+        match get(conn, "schema_version")? {
+            Some(SCHEMA_VERSION) => {}
+            Some(1) => anyhow::bail!(
+                "the database has schema version 1: serve it once with this kine-rs (which migrates it to version \
+                 {SCHEMA_VERSION}) before reading it read-only"
+            ),
+            Some(other) => {
+                anyhow::bail!("database schema version {other} is not supported (this kine-rs knows {SCHEMA_VERSION})")
+            }
+            None => anyhow::bail!("no kine-rs store in this database (no schema version in its meta table)"),
+        }
+        let (revision, compact_revision, _) = revisions(conn)?;
+        let cluster_id = get(conn, "cluster_id")?.context("meta row cluster_id is missing")? as u64;
+        Ok(Meta { revision, compact_revision, cluster_id })
+    })();
+    let _ = conn.query_drop("COMMIT");
+    result
+}
+
 /// Current revision, compact revision and lease epoch, as this transaction sees them.
 pub fn revisions(c: &mut impl Queryable) -> Result<(i64, i64, i64)> {
     let rows: Vec<(String, i64)> = c

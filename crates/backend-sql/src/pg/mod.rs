@@ -9,6 +9,7 @@
 
 mod conn;
 mod feed;
+mod open;
 mod pool;
 mod schema;
 mod tls;
@@ -26,7 +27,6 @@ use kine_core::view::WriteView;
 use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, range};
 use pool::ReadPool;
 use postgres::types::Type;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -36,10 +36,6 @@ use view::PgView;
 
 /// How long a read waits for this node's feed to publish what the database already holds.
 const FEED_WAIT: Duration = Duration::from_secs(5);
-/// Connection attempts give up after this unless the URL sets `connect_timeout`.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long start-up waits for a database that is not reachable yet.
-const START_PATIENCE: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct PostgresOptions {
@@ -53,7 +49,7 @@ pub struct PostgresOptions {
 impl std::fmt::Debug for PostgresOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresOptions")
-            .field("url", &redact(&self.url))
+            .field("url", &open::redact(&self.url))
             .field("pool", &self.pool)
             .field("tls", &self.tls)
             .finish()
@@ -84,41 +80,14 @@ impl Connector {
     }
 }
 
-/// The URL's `sslmode`, and the URL as the client library takes it (which knows only disable,
-/// prefer and require: the verifying modes become `require`, with verification by rustls).
-fn split_sslmode(url: &str) -> (Option<String>, String) {
-    let Some((base, query)) = url.split_once('?') else { return (None, url.to_string()) };
-    let mut mode = None;
-    let params: Vec<String> = query
-        .split('&')
-        .map(|p| match p.split_once('=') {
-            Some(("sslmode", v)) => {
-                mode = Some(v.to_string());
-                if v.starts_with("verify") { "sslmode=require".to_string() } else { p.to_string() }
-            }
-            _ => p.to_string(),
-        })
-        .collect();
-    (mode, format!("{base}?{}", params.join("&")))
-}
-
 pub struct PostgresBackend {
     shared: Arc<Shared>,
     writer: Writer,
     readers: Arc<ReadPool>,
     cluster_id: u64,
     member_id: u64,
-}
-
-/// The endpoint without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => match url[s + 3..at].find(':') {
-            Some(colon) => format!("{}:***{}", &url[..s + 3 + colon], &url[at..]),
-            None => url.to_string(),
-        },
-        _ => url.to_string(),
-    }
+    /// Opened with [`PostgresBackend::open_read_only`]: no writer, no feed.
+    read_only: bool,
 }
 
 impl PostgresBackend {
@@ -132,41 +101,7 @@ impl PostgresBackend {
     }
 
     fn open_here(options: PostgresOptions) -> anyhow::Result<PostgresBackend> {
-        let shown = redact(&options.url);
-        let url = options.url.replacen("postgresql://", "postgres://", 1);
-        let (sslmode, url) = split_sslmode(&url);
-        let (statement_cache, url) = conn::split_cache_params(&url).with_context(|| format!("--endpoint {shown}"))?;
-        let mut config =
-            postgres::Config::from_str(&url).with_context(|| format!("--endpoint {shown}: invalid URL"))?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
-        }
-        let tls = tls::connector(&options.tls, sslmode.as_deref()).with_context(|| format!("--endpoint {shown}"))?;
-        if tls.is_some() {
-            // TLS asked for is TLS or nothing (the library's default would fall back to plain).
-            config.ssl_mode(postgres::config::SslMode::Require);
-        }
-        let connector = Connector { config, tls, statement_cache };
-        // A database that is starting (or not reachable yet) gets a while; a refusal (wrong
-        // password, no such role) does not.
-        let started = std::time::Instant::now();
-        let mut warned = false;
-        let mut client = loop {
-            match connector.connect() {
-                Ok(c) => break c,
-                Err(e) if missing_database(&e) => {
-                    create_database(&connector).with_context(|| format!("--endpoint {shown}"))?;
-                }
-                Err(e) if !refused(&e) && started.elapsed() < START_PATIENCE => {
-                    if !warned {
-                        tracing::warn!(error = format!("{e:#}"), "PostgreSQL not reachable yet; retrying for 30 s");
-                        warned = true;
-                    }
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-                Err(e) => return Err(e.context(format!("--endpoint {shown}"))),
-            }
-        };
+        let (connector, mut client) = open::connect(&options, true)?;
         let meta = schema::init(&mut client)?;
         drop(client);
         let shared = Arc::new(Shared::new(meta.revision, meta.compact_revision));
@@ -179,56 +114,44 @@ impl PostgresBackend {
             readers: Arc::new(ReadPool::new(connector, options.pool)),
             cluster_id: meta.cluster_id,
             member_id: kine_core::id::random_nonzero(),
+            read_only: false,
         })
     }
-}
 
-fn missing_database(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<postgres::Error>()
-            .and_then(|p| p.code())
-            .is_some_and(|code| *code == postgres::error::SqlState::INVALID_CATALOG_NAME)
-    })
-}
+    /// Opens an existing kine-rs database read-only (`kine-rs inspect`): no database, table
+    /// or row is created, no writer or feed started; nodes may serve it meanwhile. Blocks.
+    pub fn open_read_only(options: PostgresOptions) -> anyhow::Result<PostgresBackend> {
+        std::thread::spawn(move || {
+            let (connector, mut client) = open::connect(&options, false)?;
+            let meta =
+                schema::existing(&mut client).with_context(|| format!("--endpoint {}", open::redact(&options.url)))?;
+            Ok(PostgresBackend {
+                shared: Arc::new(Shared::new(meta.revision, meta.compact_revision)),
+                writer: Writer::none(),
+                readers: Arc::new(ReadPool::new(connector, options.pool)),
+                cluster_id: meta.cluster_id,
+                member_id: kine_core::id::random_nonzero(),
+                read_only: true,
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("opening PostgreSQL panicked")))
+    }
 
-/// An answer from the server that retrying will not change (authentication, permissions…),
-/// as opposed to no answer or "starting up".
-fn refused(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        let db_refusal = c.downcast_ref::<postgres::Error>().and_then(|p| p.code()).is_some_and(|code| {
-            *code != postgres::error::SqlState::CANNOT_CONNECT_NOW
-                && *code != postgres::error::SqlState::TOO_MANY_CONNECTIONS
-        });
-        // A failed TLS handshake (unknown CA, wrong name) will fail the same way again.
-        let tls_refusal = c.downcast_ref::<rustls::Error>().is_some()
-            || c.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
-        db_refusal || tls_refusal
-    })
-}
-
-fn create_database(connector: &Connector) -> anyhow::Result<()> {
-    let name = connector.config.get_dbname().context("the URL names no database")?.to_string();
-    let mut admin = connector.clone();
-    admin.config.dbname("postgres");
-    let mut client = admin.connect().context("connect to the postgres database to create ours")?;
-    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
-    match client.batch_execute(&format!("CREATE DATABASE {quoted}")) {
-        Ok(()) => {
-            tracing::info!(database = %name, "PostgreSQL database created");
-            Ok(())
+    /// The refusal of a write to a read-only open.
+    fn refuse_write(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly("the PostgreSQL database is open read-only".into()));
         }
-        // Another node created it first: 42P04, or, when both ran at the same moment, a unique
-        // violation on pg_database's name index. Whatever the error, a database that exists now
-        // is the one wanted.
-        Err(e) => {
-            let exists = client.query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name]);
-            match exists {
-                Ok(Some(_)) => Ok(()),
-                _ => Err(anyhow::Error::new(e).context(format!("create database {name}"))),
-            }
+        Ok(())
+    }
+
+    /// Reads are served: open read-only, or for writes until closed.
+    fn serving(&self) -> Result<()> {
+        if self.writer.is_stopped() && !self.read_only {
+            return Err(stopped());
         }
+        Ok(())
     }
 }
 
@@ -247,10 +170,11 @@ impl Backend for PostgresBackend {
     }
 
     async fn revisions(&self) -> Result<Revisions> {
-        if self.writer.is_stopped() {
-            return Err(stopped());
-        }
+        self.serving()?;
         let (current, compacted) = self.readers.read(|tx| Ok(schema::revisions(tx)?)).await?;
+        if self.read_only {
+            return Ok(Revisions { current, compacted });
+        }
         let mut published = self.shared.published.subscribe();
         match tokio::time::timeout(FEED_WAIT, published.wait_for(|p| *p >= current)).await {
             Ok(Ok(_)) => Ok(Revisions { current, compacted }),
@@ -276,10 +200,12 @@ impl Backend for PostgresBackend {
     }
 
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        self.refuse_write()?;
         self.writer.submit(|reply| Job::Write(op, reply)).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.refuse_write()?;
         self.writer.submit(|reply| Job::Compact(revision, reply)).await
     }
 
@@ -321,6 +247,7 @@ impl Backend for PostgresBackend {
 
     /// A keep-alive on this node: counted in the database, announced to every node.
     async fn lease_renew(&self, id: LeaseId, ttl: i64) -> Result<()> {
+        self.refuse_write()?;
         let renewals = self
             .readers
             .write(move |tx| {
@@ -373,6 +300,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn defragment(&self) -> Result<()> {
+        self.refuse_write()?;
         self.writer.submit(Job::Defragment).await
     }
 
@@ -383,13 +311,12 @@ impl Backend for PostgresBackend {
     }
 
     async fn auth_record(&self) -> Result<Option<AuthRecord>> {
-        if self.writer.is_stopped() {
-            return Err(stopped());
-        }
+        self.serving()?;
         self.readers.single(|c| Ok(crate::auth::pg_record(c.client())?)).await
     }
 
     async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        self.refuse_write()?;
         if self.writer.is_stopped() {
             return Err(stopped());
         }
@@ -397,6 +324,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn member_put(&self, id: u64, record: Vec<u8>) -> Result<()> {
+        self.refuse_write()?;
         if self.writer.is_stopped() {
             return Err(stopped());
         }
@@ -404,34 +332,15 @@ impl Backend for PostgresBackend {
     }
 
     async fn member_records(&self) -> Result<Option<Vec<(u64, Vec<u8>)>>> {
-        if self.writer.is_stopped() {
-            return Err(stopped());
-        }
+        self.serving()?;
         self.readers.single(|c| Ok(Some(crate::members::pg_records(c.client())?))).await
     }
 
     async fn member_delete(&self, id: u64) -> Result<()> {
+        self.refuse_write()?;
         if self.writer.is_stopped() {
             return Err(stopped());
         }
         self.readers.write(move |c| Ok(crate::members::pg_delete(c.client(), id)?)).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(super::redact("postgres://kine:secret@db:5432/kine"), "postgres://kine:***@db:5432/kine");
-        assert_eq!(super::redact("postgres://db/kine"), "postgres://db/kine");
-    }
-
-    #[test]
-    fn verifying_ssl_modes_become_require() {
-        assert_eq!(
-            super::split_sslmode("postgres://h/db?sslmode=verify-full&x=1"),
-            (Some("verify-full".into()), "postgres://h/db?sslmode=require&x=1".into())
-        );
-        assert_eq!(super::split_sslmode("postgres://h/db"), (None, "postgres://h/db".into()));
     }
 }

@@ -85,6 +85,31 @@ pub fn init(client: &mut postgres::Client) -> Result<Meta> {
     Ok(Meta { revision, compact_revision, cluster_id })
 }
 
+/// The bookkeeping of an existing database, changing nothing (a read-only open): fails if it
+/// holds no kine-rs store of this schema version.
+pub fn existing(client: &mut postgres::Client) -> Result<Meta> {
+    let has_meta =
+        client.query_one("SELECT to_regclass('meta') IS NOT NULL", &[]).context("read the schema")?.get::<_, bool>(0);
+    if !has_meta {
+        anyhow::bail!("no kine-rs store in this database (it has no meta table)");
+    }
+    let mut tx = client.build_transaction().read_only(true).start().context("begin a read-only transaction")?;
+    match get(&mut tx, "schema_version")? {
+        Some(SCHEMA_VERSION) => {}
+        Some(1) => anyhow::bail!(
+            "the database has schema version 1: serve it once with this kine-rs (which migrates it to version \
+             {SCHEMA_VERSION}) before reading it read-only"
+        ),
+        Some(other) => {
+            anyhow::bail!("database schema version {other} is not supported (this kine-rs knows {SCHEMA_VERSION})")
+        }
+        None => anyhow::bail!("no kine-rs store in this database (no schema version in its meta table)"),
+    }
+    let (revision, compact_revision) = revisions(&mut tx)?;
+    let cluster_id = get(&mut tx, "cluster_id")?.context("meta row cluster_id is missing")? as u64;
+    Ok(Meta { revision, compact_revision, cluster_id })
+}
+
 /// Current and compact revision, as this transaction sees them.
 pub fn revisions(c: &mut impl Sql) -> Result<(i64, i64)> {
     let rows = c

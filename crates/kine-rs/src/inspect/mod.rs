@@ -9,6 +9,7 @@ mod print;
 
 pub use print::Output;
 
+use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
@@ -66,8 +67,8 @@ const PAGE: i64 = 1000;
 /// Revisions of history read per request.
 const WINDOW: Revision = 10_000;
 
-pub async fn run(endpoint: &str, output: Output, command: &InspectCommand) -> Result<()> {
-    let backend = open(endpoint)?;
+pub async fn run(cli: &Cli, output: Output, command: &InspectCommand) -> Result<()> {
+    let backend = open(cli).await?;
     let mut out = Printer::new(output);
     let result = match command {
         InspectCommand::Status => status(backend.as_ref(), &mut out).await,
@@ -94,19 +95,38 @@ pub async fn run(endpoint: &str, output: Output, command: &InspectCommand) -> Re
     }
 }
 
-fn open(endpoint: &str) -> Result<Box<dyn Backend>> {
-    match endpoint::parse(endpoint).map_err(|e| anyhow::anyhow!("--endpoint: {e}"))? {
+/// The datastore, opened read-only (nothing created, nothing written).
+async fn open(cli: &Cli) -> Result<Box<dyn Backend>> {
+    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::app::pool_options(cli) };
+    let tls = crate::app::sql_tls(cli);
+    Ok(match endpoint::parse(&cli.endpoint).map_err(|e| anyhow::anyhow!("--endpoint: {e}"))? {
         Endpoint::Sqlite { path } => {
-            Ok(Box::new(kine_backend_sql::SqliteBackend::open_read_only(&path).context("--endpoint: cannot inspect")?))
+            Box::new(kine_backend_sql::SqliteBackend::open_read_only(&path).context("--endpoint: cannot inspect")?)
+        }
+        Endpoint::Postgres { url } => {
+            let options = kine_backend_sql::PostgresOptions { url, pool, tls };
+            Box::new(
+                tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open_read_only(options))
+                    .await
+                    .context("open PostgreSQL")??,
+            )
+        }
+        Endpoint::Mysql { url } => {
+            let options = kine_backend_sql::MysqlOptions { url, pool, tls };
+            Box::new(
+                tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open_read_only(options))
+                    .await
+                    .context("open MySQL")??,
+            )
         }
         Endpoint::Memory => {
             bail!("--endpoint: memory:// holds nothing once its server stops; there is nothing to inspect")
         }
-        _ => bail!(
-            "--endpoint: kine-rs inspect reads SQLite datastores (sqlite://PATH); PostgreSQL, MySQL and NATS are read \
-             through a kine-rs serving them (etcdctl get, etcdctl watch --rev)"
+        Endpoint::Nats(_) => bail!(
+            "--endpoint: kine-rs inspect reads SQLite, PostgreSQL and MySQL datastores; a NATS bucket is read through \
+             a kine-rs serving it (etcdctl get --rev, etcdctl watch --rev)"
         ),
-    }
+    })
 }
 
 fn range_of(prefix: Option<&str>) -> KeyRange {
