@@ -181,6 +181,7 @@ fn write_keys(op: &WriteOp) -> String {
         }
         WriteOp::LeaseGrant { id, .. } => format!("lease {id:x}"),
         WriteOp::LeaseRevoke { id, .. } => format!("lease {id:x}"),
+        WriteOp::Import(i) => format!("{} versions up to revision {}", i.versions.len(), i.revision),
     }
 }
 
@@ -190,6 +191,7 @@ fn write_name(op: &WriteOp) -> &'static str {
         WriteOp::LeaseGrant { .. } => "LeaseGrant",
         WriteOp::LeaseRevoke { expired: true, .. } => "LeaseExpire",
         WriteOp::LeaseRevoke { .. } => "LeaseRevoke",
+        WriteOp::Import(_) => "Import",
     }
 }
 

@@ -28,6 +28,29 @@ pub enum WriteOp {
         id: LeaseId,
         expired: bool,
     },
+    /// Versions copied from another store with their own revisions (`kine-rs migrate`), never
+    /// a client's request.
+    Import(Import),
+}
+
+/// A batch of another store's versions, written as they were.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Import {
+    /// Each version at its revision and sub revision (its place among the changes of that
+    /// revision). A (revision, sub) the store holds already fails the import.
+    pub versions: Vec<ImportedVersion>,
+    /// The store's revision afterwards (not below the current one).
+    pub revision: Revision,
+    pub add_leases: Vec<(LeaseId, i64)>,
+    pub remove_leases: Vec<LeaseId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImportedVersion {
+    pub revision: Revision,
+    pub sub: usize,
+    /// A put (the version) or a delete (a tombstone of `kv.key`).
+    pub event: Event,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +58,7 @@ pub enum WriteResponse {
     Txn(TxnResponse),
     LeaseGranted,
     LeaseRevoked,
+    Imported,
 }
 
 /// The result of applying one [`WriteOp`].
@@ -55,6 +79,9 @@ impl Applied {
 /// Applies one write op. On error nothing has been appended: all checks that can fail run
 /// before the first write, as in etcd.
 pub fn apply(view: &mut dyn WriteView, op: &WriteOp) -> Result<Applied> {
+    if let WriteOp::Import(import) = op {
+        return apply_import(view, import);
+    }
     let base = view.revision();
     let mut exec = Exec { view, base, events: Vec::new(), at_base: HashMap::new() };
     let response = match op {
@@ -81,10 +108,42 @@ pub fn apply(view: &mut dyn WriteView, op: &WriteOp) -> Result<Applied> {
             exec.view.remove_lease(*id)?;
             WriteResponse::LeaseRevoked
         }
+        WriteOp::Import(_) => unreachable!("imports are applied by apply_import"),
     };
     let events =
         if exec.events.is_empty() { None } else { Some(RevisionEvents { revision: base + 1, events: exec.events }) };
     Ok(Applied { response, events })
+}
+
+/// Writes another store's versions as they were: no etcd rule applies (they were applied in
+/// their store); the revision only moves forward.
+fn apply_import(view: &mut dyn WriteView, import: &Import) -> Result<Applied> {
+    let base = view.revision();
+    if import.revision < base {
+        return Err(Error::InvalidArgument(format!(
+            "an import may not move the store's revision back from {base} to {}",
+            import.revision
+        )));
+    }
+    if let Some(v) = import.versions.iter().find(|v| v.revision > import.revision || v.revision < 1) {
+        return Err(Error::InvalidArgument(format!(
+            "an imported version's revision {} is outside 1..={}",
+            v.revision, import.revision
+        )));
+    }
+    for v in &import.versions {
+        view.append(v.revision, v.sub, &v.event)?;
+    }
+    for id in &import.remove_leases {
+        view.remove_lease(*id)?;
+    }
+    for (id, ttl) in &import.add_leases {
+        if view.lease(*id)?.is_none() {
+            view.insert_lease(*id, *ttl)?;
+        }
+    }
+    let events = (import.revision > base).then(|| RevisionEvents { revision: import.revision, events: Vec::new() });
+    Ok(Applied { response: WriteResponse::Imported, events })
 }
 
 /// Which branch each (nested) txn takes, decided on the pre-txn state before anything runs.

@@ -178,6 +178,22 @@ pub enum Command {
     /// Snapshots taken with `etcdctl snapshot save` from kine-rs or from etcd (etcd's bbolt format)
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Copies a whole store into another datastore with its revisions (resumable, verified at
+    /// the end), then exits
+    Migrate {
+        /// The datastore to copy (sqlite://, postgres://, mysql://), read only; kine-rs may
+        /// serve it meanwhile
+        #[arg(long)]
+        from: String,
+        /// The datastore to copy into (sqlite://, postgres://, mysql://): empty, or an earlier
+        /// copy of --from to continue or bring up to date; no kine-rs may serve it meanwhile
+        #[arg(long)]
+        to: String,
+        /// Copy only the keys at --from's current revision (with their revisions), not the
+        /// history since its compaction
+        #[arg(long)]
+        current_only: bool,
+    },
     /// Reads the datastore --endpoint names without changing it (stopped, or served meanwhile):
     /// keys, values, a key's history, what changed between two revisions
     Inspect {

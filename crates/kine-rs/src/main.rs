@@ -10,6 +10,8 @@ mod etcd_snapshot;
 mod inspect;
 mod listen;
 mod metrics_http;
+mod migrate;
+mod pages;
 mod restore;
 mod version;
 
@@ -48,8 +50,15 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    if let Some(cli::Command::Inspect { output, what }) = &cli.command {
-        return match runtime.block_on(inspect::run(&cli, *output, what)) {
+    let other = match &cli.command {
+        Some(cli::Command::Inspect { output, what }) => Some(runtime.block_on(inspect::run(&cli, *output, what))),
+        Some(cli::Command::Migrate { from, to, current_only }) => {
+            Some(runtime.block_on(migrate::run(&cli, from, to, *current_only)))
+        }
+        _ => None,
+    };
+    if let Some(result) = other {
+        return match result {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e:#}");

@@ -6,7 +6,6 @@
 mod common;
 use base64::Engine as _;
 use common::*;
-use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
 use kine_testkit::mysql::MariaDbServer;
 use kine_testkit::postgres::PgServer;
 use std::collections::BTreeMap;
@@ -42,56 +41,6 @@ fn kv(o: &serde_json::Value) -> Kv {
         int(&o["version"]),
         int(&o["lease"]),
     )
-}
-
-/// 2,500 keys (more than one page), updates, deletes, a compaction, a key on a lease, binary
-/// values. Returns (compact revision, a revision between it and the end).
-async fn load(c: &mut etcd_client::Client) -> (i64, i64) {
-    for batch in 0..25 {
-        let puts: Vec<TxnOp> = (0..100)
-            .map(|i| TxnOp::put(format!("/registry/cm/{:05}", batch * 100 + i), vec![0, 1, i as u8], None))
-            .collect();
-        c.txn(Txn::new().and_then(puts)).await.unwrap();
-    }
-    for i in (0..2500).step_by(7) {
-        c.put(format!("/registry/cm/{i:05}"), format!("updated {i}"), None).await.unwrap();
-    }
-    let compact = c.delete("/registry/cm/00003", None).await.unwrap().header().unwrap().revision();
-    c.compact(compact, None).await.unwrap();
-    let middle = c.put("/registry/cm/00003", "back", None).await.unwrap().header().unwrap().revision();
-    let lease = c.lease_grant(600, None).await.unwrap().id();
-    c.put("/registry/leases/x", "held", Some(PutOptions::new().with_lease(lease))).await.unwrap();
-    for i in (0..2500).step_by(11) {
-        let key = format!("/registry/cm/{i:05}");
-        let txn = Txn::new()
-            .when([Compare::version(key.as_str(), CompareOp::Greater, 0)])
-            .and_then([TxnOp::delete(key.as_str(), None)]);
-        c.txn(txn).await.unwrap();
-    }
-    c.put("/registry/cm/00001", "changed again", None).await.unwrap();
-    (compact, middle)
-}
-
-/// Every event of the prefix after `after`, as the server's own watch delivers them:
-/// (revision, PUT/DELETE, key, value).
-async fn watched(
-    c: &mut etcd_client::Client,
-    prefix: &str,
-    after: i64,
-    until: i64,
-) -> Vec<(i64, String, Vec<u8>, Vec<u8>)> {
-    let mut stream =
-        c.watch(prefix, Some(WatchOptions::new().with_prefix().with_start_revision(after + 1))).await.unwrap();
-    let mut out = Vec::new();
-    while out.last().is_none_or(|e: &(i64, String, Vec<u8>, Vec<u8>)| e.0 < until) {
-        let resp = stream.message().await.unwrap().expect("watch open");
-        for e in resp.events() {
-            let kv = e.kv().unwrap();
-            let kind = if e.event_type() == EventType::Put { "PUT" } else { "DELETE" };
-            out.push((kv.mod_revision(), kind.to_string(), kv.key().to_vec(), kv.value().to_vec()));
-        }
-    }
-    out
 }
 
 /// The keys of `keys_at` that differ between two revisions: key → (change, from, to mod revision).
@@ -206,13 +155,13 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-/// A kine-rs on `endpoint` loaded with [`load`]; inspect answers as it does while it serves and
+/// A kine-rs on `endpoint` loaded with [`history::load`]; inspect answers as it does while it serves and
 /// after it stopped, when `unchanged` (the datastore's state, read around the second round)
 /// must not change.
 async fn served_then_stopped(endpoint: &str, unchanged: impl Fn() -> String) {
     let mut server = Server::start(&["--endpoint", endpoint]);
     let mut c = server.client().await;
-    let (compact, middle) = load(&mut c).await;
+    let (compact, middle) = history::load(&mut c).await;
     let (revision, keys) = everything(&mut c).await;
     let served = Served {
         revision,
@@ -220,7 +169,7 @@ async fn served_then_stopped(endpoint: &str, unchanged: impl Fn() -> String) {
         middle,
         at_compact: keys_at(&mut c, compact).await,
         at_middle: keys_at(&mut c, middle).await,
-        history: watched(&mut c, "/registry/", compact, revision).await,
+        history: history::watched(&mut c, "/registry/", compact, revision).await,
         keys,
     };
     assert!(served.keys.len() > 2000 && served.at_compact.len() > 2000, "more than two pages");
@@ -273,7 +222,7 @@ fn inspect_refuses_what_it_cannot_read_and_creates_nothing() {
     let dir = TempDir::new("inspect");
     let endpoint = db_endpoint(dir.path());
     let err = inspect(&endpoint, &["status"]).unwrap_err();
-    assert!(err.contains("--endpoint: cannot inspect: SQLite database") && err.contains("No such file"), "{err}");
+    assert!(err.contains("--endpoint: cannot read it: SQLite database") && err.contains("No such file"), "{err}");
     assert!(files(dir.path()).is_empty(), "nothing created");
 
     std::fs::write(dir.path().join("state.db"), b"not a database").unwrap();
@@ -282,7 +231,7 @@ fn inspect_refuses_what_it_cannot_read_and_creates_nothing() {
 
     for (endpoint, says) in [
         ("nats://127.0.0.1:4222?noEmbed", "a NATS bucket is read through a kine-rs serving it"),
-        ("memory://", "nothing to inspect"),
+        ("memory://", "nothing to read"),
     ] {
         let err = inspect(endpoint, &["status"]).unwrap_err();
         assert!(err.contains(says), "{endpoint}: {err}");

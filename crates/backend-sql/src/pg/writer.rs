@@ -228,7 +228,7 @@ fn announce_lease(tx: &mut impl Sql, op: &WriteOp) -> anyhow::Result<()> {
     let payload = match op {
         WriteOp::LeaseGrant { id, ttl } => format!("renew {id} {ttl} 0"),
         WriteOp::LeaseRevoke { id, .. } => format!("revoke {id}"),
-        WriteOp::Txn(_) => return Ok(()),
+        WriteOp::Txn(_) | WriteOp::Import(_) => return Ok(()),
     };
     tx.execute_sql("SELECT pg_notify('kine_rs_lease', $1)", &[(&payload, Type::TEXT)])
         .context("announce lease change")?;

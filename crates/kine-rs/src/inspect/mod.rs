@@ -11,13 +11,13 @@ pub use print::Output;
 
 use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
+use crate::pages::Pager;
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
 use kine_core::lock::prefix_range;
 use kine_core::request::RangeRequest;
-use kine_core::{EventKind, KeyRange, KeyValue, RangeEnd, Revision};
+use kine_core::{EventKind, KeyRange, Revision};
 use print::Printer;
-use std::collections::VecDeque;
 
 /// What to read.
 #[derive(clap::Subcommand, Debug, Clone)]
@@ -62,13 +62,11 @@ pub enum InspectCommand {
     },
 }
 
-/// Keys read per range request.
-const PAGE: i64 = 1000;
 /// Revisions of history read per request.
 const WINDOW: Revision = 10_000;
 
 pub async fn run(cli: &Cli, output: Output, command: &InspectCommand) -> Result<()> {
-    let backend = open(cli).await?;
+    let backend = open_read_only("--endpoint", &cli.endpoint, cli).await?;
     let mut out = Printer::new(output);
     let result = match command {
         InspectCommand::Status => status(backend.as_ref(), &mut out).await,
@@ -95,20 +93,23 @@ pub async fn run(cli: &Cli, output: Output, command: &InspectCommand) -> Result<
     }
 }
 
-/// The datastore, opened read-only (nothing created, nothing written).
-async fn open(cli: &Cli) -> Result<Box<dyn Backend>> {
+/// The datastore `endpoint` names, opened read-only (nothing created, nothing written); the
+/// SQL pool and TLS flags come from `cli`.
+pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<Box<dyn Backend>> {
     let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::app::pool_options(cli) };
     let tls = crate::app::sql_tls(cli);
-    Ok(match endpoint::parse(&cli.endpoint).map_err(|e| anyhow::anyhow!("--endpoint: {e}"))? {
-        Endpoint::Sqlite { path } => {
-            Box::new(kine_backend_sql::SqliteBackend::open_read_only(&path).context("--endpoint: cannot inspect")?)
-        }
+    Ok(match endpoint::parse(endpoint).map_err(|e| anyhow::anyhow!("{flag}: {e}"))? {
+        Endpoint::Sqlite { path } => Box::new(
+            kine_backend_sql::SqliteBackend::open_read_only(&path)
+                .with_context(|| format!("{flag}: cannot read it"))?,
+        ),
         Endpoint::Postgres { url } => {
             let options = kine_backend_sql::PostgresOptions { url, pool, tls };
             Box::new(
                 tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open_read_only(options))
                     .await
-                    .context("open PostgreSQL")??,
+                    .context("open PostgreSQL")?
+                    .with_context(|| flag.to_string())?,
             )
         }
         Endpoint::Mysql { url } => {
@@ -116,14 +117,15 @@ async fn open(cli: &Cli) -> Result<Box<dyn Backend>> {
             Box::new(
                 tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open_read_only(options))
                     .await
-                    .context("open MySQL")??,
+                    .context("open MySQL")?
+                    .with_context(|| flag.to_string())?,
             )
         }
         Endpoint::Memory => {
-            bail!("--endpoint: memory:// holds nothing once its server stops; there is nothing to inspect")
+            bail!("{flag}: memory:// holds nothing once its server stops; there is nothing to read")
         }
         Endpoint::Nats(_) => bail!(
-            "--endpoint: kine-rs inspect reads SQLite, PostgreSQL and MySQL datastores; a NATS bucket is read through \
+            "{flag}: kine-rs reads SQLite, PostgreSQL and MySQL datastores directly; a NATS bucket is read through \
              a kine-rs serving it (etcdctl get --rev, etcdctl watch --rev)"
         ),
     })
@@ -133,45 +135,6 @@ fn range_of(prefix: Option<&str>) -> KeyRange {
     match prefix {
         Some(p) if !p.is_empty() => prefix_range(p.as_bytes().to_vec()),
         _ => KeyRange::all(),
-    }
-}
-
-/// The keys of a range at one revision, in key order, read a page at a time.
-struct Pager<'a> {
-    backend: &'a dyn Backend,
-    range: KeyRange,
-    /// 0 until the first page fixes the current revision.
-    revision: Revision,
-    page: VecDeque<KeyValue>,
-    done: bool,
-}
-
-impl<'a> Pager<'a> {
-    fn new(backend: &'a dyn Backend, range: KeyRange, revision: Revision) -> Pager<'a> {
-        Pager { backend, range, revision, page: VecDeque::new(), done: false }
-    }
-
-    async fn next(&mut self) -> Result<Option<KeyValue>> {
-        if self.page.is_empty() && !self.done {
-            let mut req = RangeRequest::new(self.range.clone());
-            req.limit = PAGE;
-            req.revision = self.revision;
-            req.total_count = false;
-            let resp = self.backend.range(req).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-            if self.revision <= 0 {
-                self.revision = resp.revision;
-            }
-            match (resp.value.more, resp.value.kvs.last()) {
-                (true, Some(last)) if self.range.end != RangeEnd::Single => {
-                    let mut next = last.key.clone();
-                    next.push(0);
-                    self.range.start = next;
-                }
-                _ => self.done = true,
-            }
-            self.page = resp.value.kvs.into();
-        }
-        Ok(self.page.pop_front())
     }
 }
 

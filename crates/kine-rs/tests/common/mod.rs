@@ -178,6 +178,7 @@ where
     }
 }
 pub mod copies;
+pub mod history;
 pub mod http;
 #[allow(unused_imports)]
 pub use http::http_get;

@@ -1,0 +1,322 @@
+//! `kine-rs migrate --from URL --to URL`: copies a whole store into another datastore with
+//! its revisions, so that resourceVersions, reads at past revisions and watches resuming from
+//! a revision work on the copy as on the original (docs/operations.md, "Migrating between
+//! datastores").
+//!
+//! The copy is the source's history as a client sees it: each key's version at the source's
+//! compact revision (with `--current-only`, at its current revision), then every change since,
+//! written through `WriteOp::Import` in batches (each one transaction), then the leases and
+//! the auth record. The target's compact revision is set once the keys at that revision are
+//! in, which marks where an interrupted copy stands. Running it again continues an earlier
+//! copy, after checking that the target holds exactly a prefix of the source's history; it
+//! also brings a finished copy up to date with what the source wrote since. The copy is then
+//! verified: the digests of both histories and the hashes of both key spaces at the copied
+//! revision must be equal.
+
+mod digest;
+mod progress;
+
+use crate::cli::Cli;
+use crate::endpoint::{self, Endpoint};
+use crate::pages::Pager;
+use anyhow::{Context, Result, bail};
+use kine_core::backend::Backend;
+use kine_core::request::RangeRequest;
+use kine_core::txn::{Import, ImportedVersion, WriteOp};
+use kine_core::{Event, EventKind, KeyRange, RangeEnd, Revision};
+use progress::Progress;
+use std::collections::HashMap;
+
+/// Versions written per import transaction, at most (and at most [`BATCH_BYTES`] of values).
+const BATCH: usize = 1000;
+const BATCH_BYTES: usize = 4 << 20;
+/// Revisions of history read per request.
+const WINDOW: Revision = 1000;
+
+fn e(e: kine_core::Error) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<()> {
+    if from == to {
+        bail!("--from and --to name the same datastore");
+    }
+    let source = crate::inspect::open_read_only("--from", from, cli).await?;
+    let target = match open_target(to, cli).await.context("--to") {
+        Ok(t) => t,
+        Err(err) => {
+            source.close().await;
+            return Err(err);
+        }
+    };
+    let result = copy(source.as_ref(), target.as_ref(), current_only).await;
+    target.close().await;
+    source.close().await;
+    result
+}
+
+/// The target, opened for writing (created if missing, as a server would).
+async fn open_target(to: &str, cli: &Cli) -> Result<Box<dyn Backend>> {
+    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::app::pool_options(cli) };
+    let tls = crate::app::sql_tls(cli);
+    Ok(match endpoint::parse(to).map_err(anyhow::Error::msg)? {
+        Endpoint::Sqlite { path } => {
+            Box::new(kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path })?)
+        }
+        Endpoint::Postgres { url } => {
+            let options = kine_backend_sql::PostgresOptions { url, pool, tls };
+            Box::new(tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options)).await??)
+        }
+        Endpoint::Mysql { url } => {
+            let options = kine_backend_sql::MysqlOptions { url, pool, tls };
+            Box::new(tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open(options)).await??)
+        }
+        Endpoint::Memory => bail!("memory:// keeps nothing: there is no point copying into it"),
+        Endpoint::Nats(_) => bail!(
+            "kine-rs migrate writes into SQLite, PostgreSQL and MySQL; a NATS bucket's revisions are its stream's \
+             sequence numbers and cannot be written as another store's"
+        ),
+    })
+}
+
+async fn count(b: &dyn Backend, revision: Revision) -> Result<i64> {
+    let mut req = RangeRequest::new(KeyRange::all());
+    req.count_only = true;
+    req.revision = revision;
+    Ok(b.range(req).await.map_err(e)?.value.count)
+}
+
+/// The greatest key at `revision`.
+async fn last_key(b: &dyn Backend, revision: Revision) -> Result<Option<Vec<u8>>> {
+    let mut req = RangeRequest::new(KeyRange::all());
+    req.revision = revision;
+    req.limit = 1;
+    req.keys_only = true;
+    req.sort_order = kine_core::request::SortOrder::Descend;
+    req.sort_target = kine_core::request::SortTarget::Key;
+    Ok(b.range(req).await.map_err(e)?.value.kvs.pop().map(|kv| kv.key))
+}
+
+/// Both stores hold the same history of `range` from `from` to `to`.
+async fn same_history(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    range: &KeyRange,
+    from: Revision,
+    to: Revision,
+) -> Result<bool> {
+    let (a, _) = digest::history(source, range, from, to).await?;
+    let (b, _) = digest::history(target, range, from, to).await?;
+    Ok(a == b)
+}
+
+async fn copy(source: &dyn Backend, target: &dyn Backend, current_only: bool) -> Result<()> {
+    let started = std::time::Instant::now();
+    let s = source.revisions().await.map_err(e)?;
+    // The keys are copied at this revision, the history after it.
+    let base = if current_only { s.current } else { s.compacted };
+    let t = target.revisions().await.map_err(e)?;
+    let fresh = t.current == 1 && t.compacted < 2 && count(target, t.current).await? == 0;
+    // Where the copy of the keys at `base` starts: a key and the number of keys before it.
+    let mut keys_from: Option<(Vec<u8>, u64)> = (fresh && base >= 2).then(|| (vec![0], 0));
+    if !fresh {
+        if t.current > s.current {
+            bail!(
+                "--to is at revision {}, past --from's {}: it holds another store (migrate writes into an empty \
+                 datastore, or continues its own earlier copy)",
+                t.current,
+                s.current
+            );
+        }
+        if base >= 2 && t.current == base && t.compacted < base {
+            // An earlier copy stopped while copying the keys at `base`.
+            let done = count(target, base).await? as u64;
+            let start = match last_key(target, base).await? {
+                Some(last) => {
+                    let copied = KeyRange { start: vec![0], end: RangeEnd::Before([last.as_slice(), &[0]].concat()) };
+                    if !same_history(source, target, &copied, base, base).await? {
+                        bail!("--to holds keys that --from does not hold at revision {base}: it holds another store");
+                    }
+                    [last.as_slice(), &[0]].concat()
+                }
+                None => vec![0],
+            };
+            tracing::info!(revision = base, keys = done, "continuing an earlier copy of the keys");
+            keys_from = Some((start, done));
+        } else {
+            let from = s.compacted.max(t.compacted);
+            if from > t.current {
+                bail!(
+                    "--from was compacted at revision {}, past what --to holds (revision {}): the copy cannot \
+                     continue; start again with an empty --to",
+                    s.compacted,
+                    t.current
+                );
+            }
+            if !same_history(source, target, &KeyRange::all(), from, t.current).await? {
+                bail!(
+                    "--to's history up to revision {} differs from --from's: it holds another store (migrate writes \
+                     into an empty datastore, or continues its own earlier copy)",
+                    t.current
+                );
+            }
+            tracing::info!(revision = t.current, "--to holds a copy of --from up to this revision; continuing");
+        }
+    }
+    if let Some((start, position)) = keys_from {
+        copy_keys(source, target, base, start, position).await?;
+        target.compact(base).await.map_err(e).context("set --to's compact revision")?;
+    }
+    copy_history(source, target, s.current).await?;
+    copy_leases(source, target).await?;
+    copy_auth(source, target).await?;
+    verify(source, target, s.current, started).await
+}
+
+/// The keys at `base` from `start` on, each with its own revision; the store's revision
+/// becomes `base`.
+async fn copy_keys(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    base: Revision,
+    start: Vec<u8>,
+    position: u64,
+) -> Result<()> {
+    let mut progress = Progress::new("copying the keys", "keys", count(source, base).await? as u64);
+    progress.advance(position);
+    let mut keys = Pager::new(source, KeyRange { start, end: RangeEnd::Unbounded }, base);
+    let (mut sub, mut batch, mut bytes, mut sent) = (position as usize, Vec::new(), 0, false);
+    loop {
+        let next = keys.next().await?;
+        let end = next.is_none();
+        if let Some(kv) = next {
+            bytes += kv.key.len() + kv.value.len();
+            batch.push(ImportedVersion {
+                revision: kv.mod_revision,
+                // Unique among the keys copied (several may share a revision), in key order.
+                sub,
+                event: Event { kind: EventKind::Put, kv, prev_kv: None },
+            });
+            sub += 1;
+        }
+        if batch.len() >= BATCH || bytes >= BATCH_BYTES || (end && (!batch.is_empty() || !sent)) {
+            let n = batch.len() as u64;
+            let import = Import {
+                versions: std::mem::take(&mut batch),
+                revision: base,
+                add_leases: vec![],
+                remove_leases: vec![],
+            };
+            target.write(WriteOp::Import(import)).await.map_err(e).context("write into --to")?;
+            (bytes, sent) = (0, true);
+            progress.advance(n);
+        }
+        if end {
+            break;
+        }
+    }
+    progress.finish();
+    Ok(())
+}
+
+/// Every change after the target's revision up to `until`.
+async fn copy_history(source: &dyn Backend, target: &dyn Backend, until: Revision) -> Result<()> {
+    let mut after = target.revisions().await.map_err(e)?.current;
+    let mut progress = Progress::new("copying the history", "revisions", (until - after).max(0) as u64);
+    while after < until {
+        let to = (after + WINDOW).min(until);
+        let changes = source.events(&KeyRange::all(), after, to).await.map_err(|err| match err {
+            kine_core::Error::Compacted { compact_revision } => anyhow::anyhow!(
+                "--from was compacted at revision {compact_revision} while its history after {after} was being copied; \
+                 run migrate again (an empty --to if the copy cannot continue)"
+            ),
+            other => e(other),
+        })?;
+        let versions = changes
+            .into_iter()
+            .flat_map(|c| {
+                c.events.into_iter().enumerate().map(move |(sub, ev)| ImportedVersion {
+                    revision: c.revision,
+                    sub,
+                    event: Event { kind: ev.kind, kv: ev.kv, prev_kv: None },
+                })
+            })
+            .collect();
+        let import = Import { versions, revision: to, add_leases: vec![], remove_leases: vec![] };
+        target.write(WriteOp::Import(import)).await.map_err(e).context("write into --to")?;
+        progress.advance((to - after) as u64);
+        after = to;
+    }
+    progress.finish();
+    Ok(())
+}
+
+/// The target's leases become the source's (a lease's time left starts again from its TTL
+/// when the copy is served, as after any restart).
+async fn copy_leases(source: &dyn Backend, target: &dyn Backend) -> Result<()> {
+    let want: HashMap<_, _> = source.leases().await.map_err(e)?.into_iter().collect();
+    let have: HashMap<_, _> = target.leases().await.map_err(e)?.into_iter().collect();
+    let add_leases: Vec<_> = want.iter().filter(|(id, ttl)| have.get(id) != Some(ttl)).map(|(i, t)| (*i, *t)).collect();
+    let remove_leases: Vec<_> = have.iter().filter(|(id, ttl)| want.get(id) != Some(ttl)).map(|(i, _)| *i).collect();
+    if add_leases.is_empty() && remove_leases.is_empty() {
+        return Ok(());
+    }
+    let revision = target.revisions().await.map_err(e)?.current;
+    let import = Import { versions: vec![], revision, add_leases, remove_leases };
+    target.write(WriteOp::Import(import)).await.map_err(e).context("write the leases into --to")?;
+    Ok(())
+}
+
+/// Users, roles and the auth switch.
+async fn copy_auth(source: &dyn Backend, target: &dyn Backend) -> Result<()> {
+    let Some(record) = source.auth_record().await.map_err(e)? else { return Ok(()) };
+    let current = target.auth_record().await.map_err(e)?;
+    if current.as_ref().is_some_and(|c| c.data == record.data) {
+        return Ok(());
+    }
+    if !target.auth_replace(current.map(|c| c.version), record.data).await.map_err(e)? {
+        bail!("--to's users and roles changed while they were being copied: is a kine-rs serving --to?");
+    }
+    Ok(())
+}
+
+async fn verify(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    revision: Revision,
+    started: std::time::Instant,
+) -> Result<()> {
+    let (s, t) = (source.revisions().await.map_err(e)?, target.revisions().await.map_err(e)?);
+    if t.current != revision {
+        bail!("--to is at revision {} after the copy, not {revision}: is a kine-rs serving --to?", t.current);
+    }
+    let from = s.compacted.max(t.compacted);
+    if from > revision {
+        bail!(
+            "--from was compacted past the copied revision {revision} meanwhile: run migrate again to verify the copy"
+        );
+    }
+    let (a, versions) = digest::history(source, &KeyRange::all(), from, revision).await?;
+    let (b, _) = digest::history(target, &KeyRange::all(), from, revision).await?;
+    if a != b {
+        bail!("verification failed: --to's history from revision {from} to {revision} differs from --from's");
+    }
+    let hash = kine_core::snapshot::hash(source, revision, None).await.map_err(e)?;
+    let copied = kine_core::snapshot::hash(target, revision, None).await.map_err(e)?;
+    if hash != copied {
+        bail!(
+            "verification failed: the keys at revision {revision} hash to {hash:08x} on --from, {copied:08x} on --to"
+        );
+    }
+    tracing::info!(
+        revision,
+        compact_revision = t.compacted,
+        versions,
+        keys = count(target, revision).await?,
+        leases = target.leases().await.map_err(e)?.len(),
+        hash = format!("{hash:08x}"),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "copied and verified: --to holds --from's history up to this revision"
+    );
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! `kine-rs migrate` between SQLite, PostgreSQL and MariaDB: each copy, served, answers as the
+//! original did (keys, reads at past revisions, the compact revision, watches from it, the
+//! lease and its key, users and roles) and takes the next write at the next revision; a second
+//! run brings a copy up to date; a target that holds another store is refused untouched.
+
+mod common;
+use common::history::{load, watched};
+use common::*;
+use kine_testkit::mysql::MariaDbServer;
+use kine_testkit::postgres::PgServer;
+use std::process::Command;
+
+/// `kine-rs migrate --from --to [extra]`: (success, stderr).
+fn migrate(from: &str, to: &str, extra: &[&str]) -> (bool, String) {
+    let (ok, _, err) = run(Command::new(server_bin()).args(["migrate", "--from", from, "--to", to]).args(extra));
+    (ok, err)
+}
+
+/// What a store answers, read through a kine-rs serving it.
+#[derive(Debug, PartialEq)]
+struct Answers {
+    revision: i64,
+    keys: Vec<Kv>,
+    at_compact: Vec<Kv>,
+    at_middle: Vec<Kv>,
+    history: Vec<common::history::Watched>,
+    below_compact: String,
+    leases: Vec<(i64, Vec<Vec<u8>>)>,
+    users: Vec<String>,
+}
+
+async fn answers(endpoint: &str, compact: i64, middle: i64) -> Answers {
+    let server = Server::start(&["--endpoint", endpoint]);
+    let mut c = server.client().await;
+    let (revision, keys) = everything(&mut c).await;
+    let below = c.get("/registry/cm/00001", Some(etcd_client::GetOptions::new().with_revision(compact - 1))).await;
+    let mut leases = Vec::new();
+    for l in c.leases().await.unwrap().leases() {
+        let ttl =
+            c.lease_time_to_live(l.id(), Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
+        leases.push((l.id(), ttl.keys().to_vec()));
+    }
+    Answers {
+        revision,
+        keys,
+        at_compact: keys_at(&mut c, compact).await,
+        at_middle: keys_at(&mut c, middle).await,
+        history: watched(&mut c, "/registry/", compact, revision).await,
+        below_compact: below.map(|_| "served".to_string()).unwrap_or_else(|e| e.to_string()),
+        leases,
+        users: c.user_list().await.unwrap().users().to_vec(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_moves_between_every_sql_datastore_with_its_history() {
+    let dir = TempDir::new("migrate");
+    let sqlite = db_endpoint(dir.path());
+    let (compact, middle) = {
+        let server = Server::start(&["--endpoint", &sqlite]);
+        let mut c = server.client().await;
+        let marks = load(&mut c).await;
+        c.user_add("reader", "readerpw", None).await.unwrap();
+        c.role_add("configmap-reader").await.unwrap();
+        c.user_grant_role("reader", "configmap-reader").await.unwrap();
+        marks
+    };
+    let original = answers(&sqlite, compact, middle).await;
+    assert!(original.below_compact.contains("required revision has been compacted"), "{}", original.below_compact);
+    assert_eq!(original.leases.len(), 1);
+    assert_eq!(original.users, ["reader"]);
+
+    // SQLite → PostgreSQL → MariaDB → SQLite, each copy from the one before.
+    let pg = PgServer::start();
+    let maria = MariaDbServer::start();
+    let again = format!("sqlite://{}", dir.path().join("again.db").display());
+    let chain = [sqlite.clone(), pg.url("moved"), maria.url("moved"), again];
+    for pair in chain.windows(2) {
+        let (ok, err) = migrate(&pair[0], &pair[1], &[]);
+        assert!(ok, "{} → {}: {err}", pair[0], pair[1]);
+        assert!(err.contains("copied and verified"), "{err}");
+        assert_eq!(answers(&pair[1], compact, middle).await, original, "{} → {}", pair[0], pair[1]);
+    }
+
+    // Written to after the copy, the original runs ahead; a second run brings the copy up to
+    // date, and the copy takes the next write at the next revision.
+    {
+        let server = Server::start(&["--endpoint", &sqlite]);
+        let mut c = server.client().await;
+        c.put("/registry/cm/00001", "after the copy", None).await.unwrap();
+        c.delete("/registry/cm/00002", None).await.unwrap();
+    }
+    let (ok, err) = migrate(&sqlite, &chain[1], &[]);
+    assert!(ok && err.contains("continuing"), "{err}");
+    let ahead = answers(&sqlite, compact, middle).await;
+    assert_eq!(ahead.revision, original.revision + 2);
+    assert_eq!(answers(&chain[1], compact, middle).await, ahead);
+    let server = Server::start(&["--endpoint", &chain[1]]);
+    let put = server.client().await.put("/next", "x", None).await.unwrap();
+    assert_eq!(put.header().unwrap().revision(), ahead.revision + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_current_keys_when_asked() {
+    let dir = TempDir::new("migrate");
+    let from = db_endpoint(dir.path());
+    let (revision, keys) = {
+        let server = Server::start(&["--endpoint", &from]);
+        let mut c = server.client().await;
+        load(&mut c).await;
+        everything(&mut c).await
+    };
+    let to = format!("sqlite://{}", dir.path().join("current.db").display());
+    let (ok, err) = migrate(&from, &to, &["--current-only"]);
+    assert!(ok, "{err}");
+    let server = Server::start(&["--endpoint", &to]);
+    let mut c = server.client().await;
+    assert_eq!(everything(&mut c).await, (revision, keys), "same keys, same revisions");
+    let before = c.get("/registry/cm/00001", Some(etcd_client::GetOptions::new().with_revision(revision - 1))).await;
+    assert!(before.is_err_and(|e| e.to_string().contains("compacted")), "compacted at the copied revision");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_holding_another_store_is_refused_untouched() {
+    let dir = TempDir::new("migrate");
+    let from = db_endpoint(dir.path());
+    let to = format!("sqlite://{}", dir.path().join("other.db").display());
+    for (endpoint, value) in [(&from, "original"), (&to, "another")] {
+        let server = Server::start(&["--endpoint", endpoint]);
+        let mut c = server.client().await;
+        for i in 0..10 {
+            c.put(format!("/k/{i}"), value, None).await.unwrap();
+        }
+    }
+    let held = |endpoint: String| async move {
+        let server = Server::start(&["--endpoint", &endpoint]);
+        everything(&mut server.client().await).await
+    };
+    let before = held(to.clone()).await;
+    let (ok, err) = migrate(&from, &to, &[]);
+    assert!(!ok && err.contains("differs from --from's: it holds another store"), "{err}");
+    assert_eq!(held(to.clone()).await, before, "the target was changed");
+
+    // Ahead of the source: another store too.
+    {
+        let server = Server::start(&["--endpoint", &to]);
+        server.client().await.put("/k/ahead", "x", None).await.unwrap();
+    }
+    let (ok, err) = migrate(&from, &to, &[]);
+    assert!(!ok && err.contains("past --from's 11: it holds another store"), "{err}");
+
+    for (from_, to_, says) in [
+        (from.as_str(), from.as_str(), "--from and --to name the same datastore"),
+        (from.as_str(), "nats://127.0.0.1:4222?noEmbed", "a NATS bucket's revisions are its stream's sequence numbers"),
+        ("nats://127.0.0.1:4222?noEmbed", to.as_str(), "--from: kine-rs reads SQLite, PostgreSQL and MySQL"),
+        ("sqlite:///nonexistent/state.db", to.as_str(), "--from: cannot read it"),
+    ] {
+        let (ok, err) = migrate(from_, to_, &[]);
+        assert!(!ok && err.contains(says), "{from_} → {to_}: {err}");
+    }
+}
+
+/// `kine-rs inspect status` of a store: (revision, compact revision, keys), if it can be read.
+fn status(endpoint: &str) -> Option<(i64, i64, i64)> {
+    let (ok, out, _) =
+        run(Command::new(server_bin()).args(["--endpoint", endpoint, "inspect", "--output", "json", "status"]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).ok().filter(|_| ok)?;
+    Some((v["revision"].as_i64()?, v["compact_revision"].as_i64()?, v["keys"].as_i64()?))
+}
+
+/// A copy killed while it copies the keys continues where it stopped when run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_killed_midway_continues() {
+    let dir = TempDir::new("migrate");
+    let from = db_endpoint(dir.path());
+    let hash_kv = |endpoint: String| async move {
+        let server = Server::start(&["--endpoint", &endpoint]);
+        let mut c = server.client().await;
+        let revision = c.get("/", None).await.unwrap().header().unwrap().revision();
+        (revision, c.hash_kv(revision).await.unwrap().hash())
+    };
+    let keys = 30_000;
+    {
+        let server = Server::start(&["--endpoint", &from]);
+        let mut c = server.client().await;
+        for batch in 0..300 {
+            let puts: Vec<_> = (0..100)
+                .map(|i| etcd_client::TxnOp::put(format!("/big/{:06}", batch * 100 + i), vec![b'v'; 2000], None))
+                .collect();
+            c.txn(etcd_client::Txn::new().and_then(puts)).await.unwrap();
+        }
+    }
+    let (revision, hash) = hash_kv(from.clone()).await;
+    // Up to five tries to catch the copy between its first and its last batch of keys.
+    for attempt in 0..5 {
+        let to = format!("sqlite://{}", dir.path().join(format!("copy{attempt}.db")).display());
+        let mut copy = Command::new(server_bin())
+            .args(["migrate", "--current-only", "--from", &from, "--to", &to])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut caught = false;
+        while copy.try_wait().unwrap().is_none() {
+            if let Some((_, compacted, n)) = status(&to)
+                && n > 0
+                && n < keys
+                && compacted < revision
+            {
+                copy.kill().unwrap();
+                caught = true;
+                break;
+            }
+        }
+        let _ = copy.wait();
+        if !caught {
+            continue;
+        }
+        let (ok, err) = migrate(&from, &to, &["--current-only"]);
+        assert!(ok && err.contains("continuing an earlier copy of the keys"), "{err}");
+        assert_eq!(status(&to), Some((revision, revision, keys)));
+        assert_eq!(hash_kv(to).await, (revision, hash), "the same keys at the same revision");
+        return;
+    }
+    panic!("five copies of 30,000 keys each finished before one could be stopped midway");
+}
