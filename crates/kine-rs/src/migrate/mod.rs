@@ -14,6 +14,7 @@
 //! revision must be equal.
 
 mod digest;
+mod etcd;
 mod progress;
 
 use crate::cli::Cli;
@@ -41,7 +42,11 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
     if from == to {
         bail!("--from and --to name the same datastore");
     }
-    let source = crate::inspect::open_read_only("--from", from, cli).await?;
+    let source: Box<dyn Backend> = if from.starts_with("http://") || from.starts_with("https://") {
+        Box::new(etcd::EtcdSource::connect(from, etcd_tls(from, cli)?).await.context("--from")?)
+    } else {
+        crate::inspect::open_read_only("--from", from, cli).await?
+    };
     let target = match open_target(to, cli).await.context("--to") {
         Ok(t) => t,
         Err(err) => {
@@ -53,6 +58,28 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
     target.close().await;
     source.close().await;
     result
+}
+
+/// TLS to an etcd at an `https://` URL: its CA from `--ca-file`, a client certificate from
+/// `--cert-file` and `--key-file`.
+fn etcd_tls(url: &str, cli: &Cli) -> Result<Option<tonic::transport::ClientTlsConfig>> {
+    if !url.starts_with("https://") {
+        return Ok(None);
+    }
+    let read =
+        |flag: &str, path: &std::path::Path| std::fs::read(path).with_context(|| format!("{flag} {}", path.display()));
+    let Some(ca) = &cli.ca_file else { bail!("--from {url}: https needs the server's CA certificate (--ca-file)") };
+    let mut tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(read("--ca-file", ca)?));
+    match (&cli.cert_file, &cli.key_file) {
+        (Some(cert), Some(key)) => {
+            tls = tls
+                .identity(tonic::transport::Identity::from_pem(read("--cert-file", cert)?, read("--key-file", key)?));
+        }
+        (None, None) => {}
+        _ => bail!("--cert-file and --key-file go together"),
+    }
+    Ok(Some(tls))
 }
 
 /// The target, opened for writing (created if missing, as a server would).
