@@ -25,6 +25,19 @@ pub struct EtcdSource {
     channel: Channel,
     cluster_id: u64,
     member_id: u64,
+    /// The watch the last `events` call read from, kept for the next window: etcd sends a
+    /// watcher from an old revision everything up to its current revision, so a watch per
+    /// window would read the rest of the history again each time.
+    history: tokio::sync::Mutex<Option<History>>,
+}
+
+/// A watch over the history, and what it delivered past the last window.
+struct History {
+    range: KeyRange,
+    /// The first revision not yet returned.
+    next: Revision,
+    pending: std::collections::VecDeque<RevisionEvents>,
+    stream: tonic::Streaming<pb::WatchResponse>,
 }
 
 fn status(e: tonic::Status) -> Error {
@@ -41,7 +54,7 @@ impl EtcdSource {
             endpoint = endpoint.tls_config(tls).context("TLS")?;
         }
         let channel = endpoint.connect().await.with_context(|| format!("connect to {url}"))?;
-        let mut source = EtcdSource { channel, cluster_id: 0, member_id: 0 };
+        let mut source = EtcdSource { channel, cluster_id: 0, member_id: 0, history: tokio::sync::Mutex::new(None) };
         let header = source.kv().range(all_count()).await.map_err(|e| anyhow::anyhow!("{}", status(e)))?;
         let header = header.into_inner().header.unwrap_or_default();
         (source.cluster_id, source.member_id) = (header.cluster_id, header.member_id);
@@ -174,52 +187,28 @@ impl Backend for EtcdSource {
         Err(read_only())
     }
 
-    /// Through a watch from `after + 1`, until an event past `until` or the revision `until`
-    /// itself has come (every revision of etcd's holds a change).
+    /// Through a watch from `after + 1` (the previous call's, when it ended at `after`), until
+    /// the revision `until` has come (every revision of etcd's holds a change).
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
         let mut out: Vec<RevisionEvents> = Vec::new();
         if after >= until {
             return Ok(out);
         }
-        let (key, range_end) = range.etcd_parts();
-        let create = pb::WatchCreateRequest { key, range_end, start_revision: after + 1, ..Default::default() };
-        let mut responses = self.watch(create).await?;
-        loop {
-            let r = match tokio::time::timeout(STALL, responses.message()).await {
-                Ok(Ok(Some(r))) => r,
-                Ok(Ok(None)) => return Err(Error::Unavailable("etcd ended the watch".into())),
-                Ok(Err(e)) => return Err(status(e)),
-                Err(_) => {
-                    return Err(Error::Unavailable(format!(
-                        "etcd's watch from revision {} delivered nothing for {STALL:?}",
-                        out.last().map_or(after, |r| r.revision) + 1
-                    )));
-                }
-            };
-            if r.compact_revision > 0 {
-                return Err(Error::Compacted { compact_revision: r.compact_revision });
+        let mut cached = self.history.lock().await;
+        // Taken out while reading: an error leaves no watch behind.
+        let mut h = match cached.take() {
+            Some(h) if h.range == *range && h.next == after + 1 => h,
+            _ => {
+                let (key, range_end) = range.etcd_parts();
+                let create = pb::WatchCreateRequest { key, range_end, start_revision: after + 1, ..Default::default() };
+                let stream = self.watch(create).await?;
+                History { range: range.clone(), next: after + 1, pending: Default::default(), stream }
             }
-            if r.canceled {
-                return Err(Error::Unavailable(format!("etcd cancelled the watch: {}", r.cancel_reason)));
-            }
-            for e in r.events {
-                let kv = kine_server::kv_from_proto(e.kv.unwrap_or_default());
-                if kv.mod_revision > until {
-                    return Ok(out);
-                }
-                let kind = if e.r#type == 1 { EventKind::Delete } else { EventKind::Put };
-                let event = Event { kind, kv, prev_kv: None };
-                match out.last_mut() {
-                    Some(last) if last.revision == event.kv.mod_revision => last.events.push(event),
-                    _ => out.push(RevisionEvents { revision: event.kv.mod_revision, events: vec![event] }),
-                }
-            }
-            if out.last().is_some_and(|r| r.revision >= until) {
-                // The rest of `until`'s changes come in the same response (etcd never splits a
-                // revision's events unless fragmenting, which is not asked for).
-                return Ok(out);
-            }
-        }
+        };
+        read_until(&mut h, &mut out, until).await?;
+        h.next = until + 1;
+        *cached = Some(h);
+        Ok(out)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<std::sync::Arc<RevisionEvents>> {
@@ -264,5 +253,44 @@ impl Backend for EtcdSource {
 
     async fn auth_replace(&self, _: Option<u64>, _: Vec<u8>) -> Result<bool> {
         Err(read_only())
+    }
+}
+
+/// Moves the revisions up to `until` from the watch into `out`, keeping later ones pending.
+async fn read_until(h: &mut History, out: &mut Vec<RevisionEvents>, until: Revision) -> Result<()> {
+    loop {
+        while h.pending.front().is_some_and(|r| r.revision <= until) {
+            out.extend(h.pending.pop_front());
+        }
+        if out.last().is_some_and(|r| r.revision >= until) || !h.pending.is_empty() {
+            // etcd never splits one revision's events over two responses (no fragmenting).
+            return Ok(());
+        }
+        let r = match tokio::time::timeout(STALL, h.stream.message()).await {
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) => return Err(Error::Unavailable("etcd ended the watch".into())),
+            Ok(Err(e)) => return Err(status(e)),
+            Err(_) => {
+                return Err(Error::Unavailable(format!(
+                    "etcd's watch from revision {} delivered nothing for {STALL:?}",
+                    out.last().map_or(h.next, |r| r.revision + 1)
+                )));
+            }
+        };
+        if r.compact_revision > 0 {
+            return Err(Error::Compacted { compact_revision: r.compact_revision });
+        }
+        if r.canceled {
+            return Err(Error::Unavailable(format!("etcd cancelled the watch: {}", r.cancel_reason)));
+        }
+        for e in r.events {
+            let kv = kine_server::kv_from_proto(e.kv.unwrap_or_default());
+            let kind = if e.r#type == 1 { EventKind::Delete } else { EventKind::Put };
+            let event = Event { kind, kv, prev_kv: None };
+            match h.pending.back_mut() {
+                Some(last) if last.revision == event.kv.mod_revision => last.events.push(event),
+                _ => h.pending.push_back(RevisionEvents { revision: event.kv.mod_revision, events: vec![event] }),
+            }
+        }
     }
 }
