@@ -19,8 +19,9 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(cli: &cli::Cli) {
-    // async-nats logs every (re)connection at info; kine-rs logs those itself.
-    let default = if cli.debug { "debug" } else { "info,async_nats=warn" };
+    // async-nats logs every (re)connection at info, and the PostgreSQL client every server notice
+    // ("relation kv already exists, skipping" at each start); kine-rs logs what matters itself.
+    let default = if cli.debug { "debug" } else { "info,async_nats=warn,postgres=warn" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);

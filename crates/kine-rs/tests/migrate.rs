@@ -31,9 +31,13 @@ struct Answers {
     users: Vec<String>,
 }
 
+/// (Stopped gracefully afterwards: its member record withdrawn, a later copy into the same
+/// datastore is not refused.)
 async fn answers(endpoint: &str, compact: i64, middle: i64) -> Answers {
-    let server = Server::start(&["--endpoint", endpoint]);
-    answers_of(&mut server.client().await, compact, middle).await
+    let mut server = Server::start(&["--endpoint", endpoint]);
+    let answers = answers_of(&mut server.client().await, compact, middle).await;
+    assert!(server.stop("TERM").await.success());
+    answers
 }
 
 async fn answers_of(c: &mut etcd_client::Client, compact: i64, middle: i64) -> Answers {
@@ -80,6 +84,14 @@ async fn a_store_moves_between_every_sql_datastore_with_its_history() {
     let maria = MariaDbServer::start();
     let again = format!("sqlite://{}", dir.path().join("again.db").display());
     let chain = [sqlite.clone(), pg.url("moved"), maria.url("moved"), again];
+
+    // A target a kine-rs serves is refused.
+    let busy = pg.url("busy");
+    let node = Server::start(&["--endpoint", &busy, "--name", "busy-node"]);
+    let (ok, err) = migrate(&sqlite, &busy, &[]);
+    assert!(!ok && err.contains("--to is being served by kine-rs busy-node"), "{err}");
+    drop(node);
+
     for pair in chain.windows(2) {
         let (ok, err) = migrate(&pair[0], &pair[1], &[]);
         assert!(ok, "{} → {}: {err}", pair[0], pair[1]);
@@ -102,6 +114,7 @@ async fn a_store_moves_between_every_sql_datastore_with_its_history() {
     assert_eq!(answers(&chain[1], compact, middle).await, ahead);
     let server = Server::start(&["--endpoint", &chain[1]]);
     let put = server.client().await.put("/next", "x", None).await.unwrap();
+    drop(server);
     assert_eq!(put.header().unwrap().revision(), ahead.revision + 1);
 }
 

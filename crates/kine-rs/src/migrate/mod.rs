@@ -22,11 +22,13 @@ use crate::endpoint::{self, Endpoint};
 use crate::pages::Pager;
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
+use kine_core::members::{Identity, Members};
 use kine_core::request::RangeRequest;
 use kine_core::txn::{Import, ImportedVersion, WriteOp};
 use kine_core::{Event, EventKind, KeyRange, RangeEnd, Revision};
 use progress::Progress;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Versions written per import transaction, at most (and at most [`BATCH_BYTES`] of values).
 const BATCH: usize = 1000;
@@ -54,7 +56,10 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
             return Err(err);
         }
     };
-    let result = copy(source.as_ref(), target.as_ref(), current_only).await;
+    let result = match unserved(&target).await {
+        Ok(()) => copy(source.as_ref(), target.as_ref(), current_only).await,
+        Err(err) => Err(err),
+    };
     target.close().await;
     source.close().await;
     result
@@ -82,21 +87,43 @@ fn etcd_tls(url: &str, cli: &Cli) -> Result<Option<tonic::transport::ClientTlsCo
     Ok(Some(tls))
 }
 
+/// No kine-rs serves the target: none has refreshed its member record within
+/// `members::STALE` (PostgreSQL and MySQL; an SQLite file keeps no such records).
+async fn unserved(target: &Arc<dyn Backend>) -> Result<()> {
+    let me = target.member_id();
+    let members = Members::new(target.clone(), Identity::default()).list().await.map_err(e)?;
+    let serving: Vec<String> = members
+        .into_iter()
+        .filter(|m| m.id != me)
+        .map(|m| {
+            format!("{} ({})", if m.name.is_empty() { format!("{:x}", m.id) } else { m.name }, m.client_urls.join(", "))
+        })
+        .collect();
+    if !serving.is_empty() {
+        bail!(
+            "--to is being served by kine-rs {} (a member record refreshed within {} s): stop every kine-rs on it first",
+            serving.join(", "),
+            kine_core::members::STALE.as_secs()
+        );
+    }
+    Ok(())
+}
+
 /// The target, opened for writing (created if missing, as a server would).
-async fn open_target(to: &str, cli: &Cli) -> Result<Box<dyn Backend>> {
+async fn open_target(to: &str, cli: &Cli) -> Result<Arc<dyn Backend>> {
     let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::app::pool_options(cli) };
     let tls = crate::app::sql_tls(cli);
     Ok(match endpoint::parse(to).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => {
-            Box::new(kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path })?)
+            Arc::new(kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path })?)
         }
         Endpoint::Postgres { url } => {
             let options = kine_backend_sql::PostgresOptions { url, pool, tls };
-            Box::new(tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options)).await??)
+            Arc::new(tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options)).await??)
         }
         Endpoint::Mysql { url } => {
             let options = kine_backend_sql::MysqlOptions { url, pool, tls };
-            Box::new(tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open(options)).await??)
+            Arc::new(tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open(options)).await??)
         }
         Endpoint::Memory => bail!("memory:// keeps nothing: there is no point copying into it"),
         Endpoint::Nats(_) => bail!(
