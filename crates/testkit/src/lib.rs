@@ -11,6 +11,7 @@ pub mod mysql;
 pub mod nats;
 pub mod postgres;
 pub mod proxy;
+pub mod s3;
 
 use kine_core::backend::Backend;
 use std::path::Path;

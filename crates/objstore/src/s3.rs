@@ -1,0 +1,196 @@
+//! [`ObjectStore`] on S3 or any S3-compatible server, with kine's flags: bucket, folder (a key
+//! prefix), endpoint (path-style addressing, for MinIO, versitygw, Ceph…), region, static keys.
+
+use crate::{Object, ObjectStore};
+use anyhow::Context;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use bytes::Bytes;
+
+/// kine's `--s3-*` flags.
+#[derive(Clone, Default)]
+pub struct S3Config {
+    pub bucket: String,
+    /// A prefix for every key (`--s3-folder`), without a trailing slash.
+    pub folder: String,
+    /// `--s3-endpoint`: an S3-compatible server's URL; addressed path-style.
+    pub endpoint: Option<String>,
+    pub region: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub session_token: Option<String>,
+}
+
+/// Without the secret.
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("bucket", &self.bucket)
+            .field("folder", &self.folder)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key", &self.access_key)
+            .finish()
+    }
+}
+
+pub struct S3Store {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+    prefix: String,
+}
+
+impl S3Store {
+    pub async fn connect(config: &S3Config) -> anyhow::Result<S3Store> {
+        let credentials = aws_credential_types::Credentials::new(
+            &config.access_key,
+            &config.secret_key,
+            config.session_token.clone(),
+            None,
+            "kine-rs flags",
+        );
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(config.region.clone()))
+            .credentials_provider(credentials)
+            .http_client(http);
+        if let Some(endpoint) = &config.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        let shared = loader.load().await;
+        let s3 = aws_sdk_s3::config::Builder::from(&shared)
+            .force_path_style(config.endpoint.is_some())
+            // Checksums only where S3 requires them: S3-compatible servers differ in the newer
+            // checksum headers.
+            .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
+            .build();
+        let prefix =
+            if config.folder.is_empty() { String::new() } else { format!("{}/", config.folder.trim_end_matches('/')) };
+        Ok(S3Store { client: aws_sdk_s3::Client::from_conf(s3), bucket: config.bucket.clone(), prefix })
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+}
+
+/// The HTTP status of a failed request, if the server answered.
+fn http_status<E>(e: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> Option<u16> {
+    match e {
+        SdkError::ServiceError(s) => Some(s.raw().status().as_u16()),
+        _ => None,
+    }
+}
+
+/// A failure, with the server's code and message when it gave them.
+fn failed<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
+    what: String,
+    e: SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+) -> anyhow::Error {
+    let detail = match (e.code(), e.message()) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code.to_string(),
+        _ => format!("{}", aws_sdk_s3::error::DisplayErrorContext(&e)),
+    };
+    anyhow::anyhow!("{what}: {detail}")
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for S3Store {
+    async fn get(&self, key: &str) -> anyhow::Result<Option<Object>> {
+        let key = self.key(key);
+        match self.client.get_object().bucket(&self.bucket).key(&key).send().await {
+            Ok(out) => {
+                let etag = out.e_tag().unwrap_or_default().to_string();
+                let body = out.body.collect().await.with_context(|| format!("read s3://{}/{key}", self.bucket))?;
+                Ok(Some(Object { body: body.into_bytes(), etag }))
+            }
+            Err(e) if http_status(&e) == Some(404) => Ok(None),
+            Err(e) => Err(failed(format!("get s3://{}/{key}", self.bucket), e)),
+        }
+    }
+
+    async fn put(&self, key: &str, body: Bytes) -> anyhow::Result<String> {
+        let key = self.key(key);
+        let out = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| failed(format!("put s3://{}/{key}", self.bucket), e))?;
+        Ok(out.e_tag().unwrap_or_default().to_string())
+    }
+
+    async fn put_if_absent(&self, key: &str, body: Bytes) -> anyhow::Result<Option<String>> {
+        let key = self.key(key);
+        let sent = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .if_none_match("*")
+            .body(ByteStream::from(body))
+            .send()
+            .await;
+        match sent {
+            Ok(out) => Ok(Some(out.e_tag().unwrap_or_default().to_string())),
+            // 412: it exists; 409: a concurrent conditional write to it is in progress.
+            Err(e) if matches!(http_status(&e), Some(412 | 409)) => Ok(None),
+            Err(e) => Err(failed(format!("create s3://{}/{key}", self.bucket), e)),
+        }
+    }
+
+    async fn put_if_match(&self, key: &str, body: Bytes, etag: &str) -> anyhow::Result<Option<String>> {
+        let key = self.key(key);
+        let sent = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .if_match(etag)
+            .body(ByteStream::from(body))
+            .send()
+            .await;
+        match sent {
+            Ok(out) => Ok(Some(out.e_tag().unwrap_or_default().to_string())),
+            // 412: another version; 404: gone; 409: a concurrent conditional write.
+            Err(e) if matches!(http_status(&e), Some(412 | 404 | 409)) => Ok(None),
+            Err(e) => Err(failed(format!("replace s3://{}/{key}", self.bucket), e)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
+        let full = self.key(prefix);
+        let mut keys = Vec::new();
+        let mut pages = self.client.list_objects_v2().bucket(&self.bucket).prefix(&full).into_paginator().send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| failed(format!("list s3://{}/{full}", self.bucket), e))?;
+            for object in page.contents() {
+                if let Some(k) = object.key().and_then(|k| k.strip_prefix(&self.prefix)) {
+                    keys.push(k.to_string());
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    async fn delete(&self, key: &str) -> anyhow::Result<()> {
+        let key = self.key(key);
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+            .map_err(|e| failed(format!("delete s3://{}/{key}", self.bucket), e))?;
+        Ok(())
+    }
+}
