@@ -3,4 +3,5 @@
 //! manifest naming both, and a writer lock with a term (docs: /work/notes/s3-design.md until
 //! it lands).
 
+pub mod lock;
 pub mod segment;
