@@ -4,4 +4,5 @@
 //! it lands).
 
 pub mod lock;
+pub mod manifest;
 pub mod segment;
