@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// When the fault strikes: after `warmup`, `rounds` times held for `hold` then healed for `rest`.
 #[derive(Debug, Clone, Copy)]
@@ -40,7 +40,31 @@ pub struct Report {
     pub longest_unavailable: Duration,
     /// The longest time from a heal to the first answer of every node.
     pub recovery: Duration,
+    /// Per heal: its wall-clock time (to find it in the servers' logs) and each node's time to
+    /// its first answer after it.
+    pub heals: Vec<Heal>,
     pub findings: Findings,
+}
+
+/// One fault's end.
+#[derive(Debug, Clone)]
+pub struct Heal {
+    pub at: SystemTime,
+    /// Per node, the time from the heal to its first answer.
+    pub recovery: Vec<Duration>,
+}
+
+impl fmt::Display for Heal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // UTC time of day, as the servers' logs print it.
+        let since = self.at.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let (s, ms) = (since.as_secs() % 86_400, since.subsec_millis());
+        write!(f, "healed {:02}:{:02}:{:02}.{ms:03} UTC, back after", s / 3600, s / 60 % 60, s % 60)?;
+        for (node, r) in self.recovery.iter().enumerate() {
+            write!(f, " {node}: {:.2} s", r.as_secs_f64())?;
+        }
+        Ok(())
+    }
 }
 
 impl Report {
@@ -58,7 +82,7 @@ impl fmt::Display for Report {
             f,
             "{} | {} nodes | {:.0} s | {} ops | {} acked | {} unknown | lost {} | violations {} | watch gaps {} \
              | disorder {} | forks {} | stale lists {} | longest unavailable {:.2} s | recovery {:.2} s \
-             | revisions {} | compactions {} | watch resumes {} | errors {:?}",
+             | revisions {} | compactions {} | watch resumes {} | errors {:?} | {}",
             self.fault,
             self.nodes,
             self.duration.as_secs_f64(),
@@ -76,7 +100,8 @@ impl fmt::Display for Report {
             self.revisions,
             self.compactions,
             self.watch_resumes,
-            self.errors
+            self.errors,
+            self.heals.iter().map(Heal::to_string).collect::<Vec<_>>().join("; ")
         )
     }
 }
@@ -135,7 +160,7 @@ pub async fn run(endpoints: &[String], spec: Workload, fault: &mut dyn Fault, sc
         fault.inject().with_context(|| format!("inject {}", fault.name()))?;
         tokio::time::sleep(schedule.hold).await;
         fault.heal().with_context(|| format!("heal {}", fault.name()))?;
-        heals.push(history.now() / 10_000);
+        heals.push((history.now() / 10_000, SystemTime::now()));
         tokio::time::sleep(schedule.rest).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -178,7 +203,10 @@ pub async fn run(endpoints: &[String], spec: Workload, fault: &mut dyn Fault, sc
     verify::check_linearizable(&history, &mut findings);
 
     let (operations, acknowledged, unknown) = verify::count(&history);
-    let (longest_unavailable, recovery) = availability(&history.answers(), began, ended, &heals);
+    let ticks: Vec<u64> = heals.iter().map(|h| h.0).collect();
+    let (longest_unavailable, per_heal) = availability(&history.answers(), began, ended, &ticks);
+    let recovery = per_heal.iter().flatten().copied().max().unwrap_or_default();
+    let heals = heals.iter().zip(per_heal).map(|(h, recovery)| Heal { at: h.1, recovery }).collect();
     Ok(Report {
         fault: fault.name(),
         nodes,
@@ -192,6 +220,7 @@ pub async fn run(endpoints: &[String], spec: Workload, fault: &mut dyn Fault, sc
         revisions: newest - start,
         longest_unavailable,
         recovery,
+        heals,
         findings,
     })
 }
@@ -216,9 +245,14 @@ async fn final_list(mut client: Client, prefix: &str, node: usize) -> Result<Lis
     }
 }
 
-/// (the longest gap between answers of any node, the longest time from a heal to every node's
-/// next answer); times in 10 ms units.
-fn availability(answers: &[Vec<u64>], began: Duration, ended: Duration, heals: &[u64]) -> (Duration, Duration) {
+/// (the longest gap between answers of any node, per heal the time from it to each node's next
+/// answer); times in 10 ms units.
+fn availability(
+    answers: &[Vec<u64>],
+    began: Duration,
+    ended: Duration,
+    heals: &[u64],
+) -> (Duration, Vec<Vec<Duration>>) {
     let (from, to) = ((began.as_millis() / 10) as u64, (ended.as_millis() / 10) as u64);
     let mut longest = 0;
     for a in answers {
@@ -229,12 +263,10 @@ fn availability(answers: &[Vec<u64>], began: Duration, ended: Duration, heals: &
         }
         longest = longest.max(to.saturating_sub(last));
     }
-    let mut recovery = 0;
-    for &h in heals {
-        for a in answers {
-            let next = a.iter().find(|t| **t >= h).copied().unwrap_or(to);
-            recovery = recovery.max(next - h);
-        }
-    }
-    (Duration::from_millis(longest * 10), Duration::from_millis(recovery * 10))
+    let ms = |ticks: u64| Duration::from_millis(ticks * 10);
+    let recoveries = heals
+        .iter()
+        .map(|&h| answers.iter().map(|a| ms(a.iter().find(|t| **t >= h).copied().unwrap_or(to) - h)).collect())
+        .collect();
+    (ms(longest), recoveries)
 }

@@ -46,6 +46,10 @@ impl Server {
             cmd.args(["--listen-address", "127.0.0.1:0"]);
         }
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).env_remove("RUST_LOG");
+        // KINE_TEST_RUST_LOG: the servers' log filter when investigating a test (default: info).
+        if let Some(filter) = std::env::var_os("KINE_TEST_RUST_LOG") {
+            cmd.env("RUST_LOG", filter);
+        }
         // Many servers run at once: no metrics listener unless a test asks for one.
         cmd.env("KINE_METRICS_BIND_ADDRESS", "0");
         let mut child = cmd.spawn().expect("spawn kine-rs");
