@@ -17,6 +17,7 @@ pub mod members;
 pub mod memory;
 pub mod metered;
 pub mod metrics;
+pub mod pages;
 pub mod range;
 pub mod range_stream;
 pub mod request;

@@ -11,7 +11,6 @@ mod inspect;
 mod listen;
 mod metrics_http;
 mod migrate;
-mod pages;
 mod restore;
 mod version;
 

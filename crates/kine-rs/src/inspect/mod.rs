@@ -11,10 +11,10 @@ pub use print::Output;
 
 use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
-use crate::pages::Pager;
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
 use kine_core::lock::prefix_range;
+use kine_core::pages::Pager;
 use kine_core::request::RangeRequest;
 use kine_core::{EventKind, KeyRange, Revision};
 use print::Printer;

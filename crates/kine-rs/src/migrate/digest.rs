@@ -3,9 +3,9 @@
 //! `Backend` trait, so two stores that hold the same history have the same digest whatever
 //! their datastore.
 
-use crate::pages::Pager;
 use anyhow::Result;
 use kine_core::backend::Backend;
+use kine_core::pages::Pager;
 use kine_core::{EventKind, KeyRange, KeyValue, Revision};
 use sha2::{Digest, Sha256};
 

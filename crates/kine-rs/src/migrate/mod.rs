@@ -19,10 +19,10 @@ mod progress;
 
 use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
-use crate::pages::Pager;
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
 use kine_core::members::{Identity, Members};
+use kine_core::pages::Pager;
 use kine_core::request::RangeRequest;
 use kine_core::txn::{Import, ImportedVersion, WriteOp};
 use kine_core::{Event, EventKind, KeyRange, RangeEnd, Revision};

@@ -1,9 +1,10 @@
-//! Reading a store a page at a time, as `kine-rs inspect` and `kine-rs migrate` do.
+//! Reading a store a page at a time, as `kine-rs inspect`, `kine-rs migrate` and the S3
+//! checkpoints do.
 
-use anyhow::Result;
-use kine_core::backend::Backend;
-use kine_core::request::RangeRequest;
-use kine_core::{KeyRange, KeyValue, RangeEnd, Revision};
+use crate::Result;
+use crate::backend::Backend;
+use crate::request::RangeRequest;
+use crate::{KeyRange, KeyValue, RangeEnd, Revision};
 use std::collections::VecDeque;
 
 /// Keys read per range request.
@@ -30,7 +31,7 @@ impl<'a> Pager<'a> {
             req.limit = PAGE;
             req.revision = self.revision;
             req.total_count = false;
-            let resp = self.backend.range(req).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            let resp = self.backend.range(req).await?;
             if self.revision <= 0 {
                 self.revision = resp.revision;
             }
