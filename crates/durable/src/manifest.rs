@@ -12,12 +12,18 @@ pub const KEY: &str = "manifest";
 /// What `format` holds in every kine-rs manifest.
 pub const FORMAT: &str = "kine-rs/s3/1";
 
+/// A full copy of the key space at one revision (see `checkpoint.rs`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
-    /// `checkpoint/<term:10>/<revision:20>.db`
+    /// The folder of its parts: `checkpoint/<term:10>/<revision:20>/`.
     pub object: String,
     pub revision: i64,
+    /// Of its parts, in order.
     pub sha256: String,
+    pub parts: u32,
+    /// The term and number of the last WAL segment shipped before it: restore continues with
+    /// the segments after that one.
+    pub after_segment: (u64, u64),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,9 +43,14 @@ impl Manifest {
     }
 }
 
-/// The checkpoint object for a revision written in a term.
+/// The folder of the checkpoint of a revision written in a term.
 pub fn checkpoint_object(term: u64, revision: i64) -> String {
-    format!("checkpoint/{term:010}/{revision:020}.db")
+    format!("checkpoint/{term:010}/{revision:020}/")
+}
+
+/// A checkpoint's part `n` (from 0).
+pub fn checkpoint_part(folder: &str, n: u32) -> String {
+    format!("{folder}{n:06}")
 }
 
 /// The manifest with its ETag, or `None` for an empty prefix. `cluster_id`: the store this

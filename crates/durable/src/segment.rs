@@ -1,5 +1,5 @@
-//! A WAL segment: what one node's SQLite writer committed over a span of revisions, as the
-//! object `wal/<term:10>/<first-revision:20>`.
+//! A WAL segment: what one writer committed over a span of revisions, as the object
+//! `wal/<term:10>/<number:20>` (its header names the first revision).
 //!
 //! Layout: the header (`KRSEG1` and two zero bytes, the term, the first revision; big-endian),
 //! then frames — a payload's length (u32), its CRC-32C (u32), the payload (a record: a tag byte
@@ -240,10 +240,18 @@ impl Reader<'_> {
     }
 }
 
-/// The object name of a segment: zero-padded, so that listing order is term, then revision
-/// order.
-pub fn object_name(term: u64, first_revision: i64) -> String {
-    format!("wal/{term:010}/{first_revision:020}")
+/// The object name of a term's segment number `n` (from 1): zero-padded, so that listing
+/// order is term, then shipping order. The header says which revisions it starts at.
+pub fn object_name(term: u64, n: u64) -> String {
+    format!("wal/{term:010}/{n:020}")
+}
+
+/// (term, number) of a segment's object name, `None` for any other name.
+pub fn parse_name(name: &str) -> Option<(u64, u64)> {
+    let (term, n) = name.strip_prefix("wal/")?.split_once('/')?;
+    let digits =
+        |s: &str, len: usize| (s.len() == len && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok())?;
+    Some((digits(term, 10)?, digits(n, 20)?))
 }
 
 #[cfg(test)]
@@ -317,5 +325,9 @@ mod tests {
         names.sort();
         assert_eq!(names, [object_name(1, 20), object_name(1, 100), object_name(2, 5), object_name(10, 1)]);
         assert_eq!(object_name(1, 20), "wal/0000000001/00000000000000000020");
+        assert_eq!(parse_name(&object_name(3, 17)), Some((3, 17)));
+        for other in ["wal/1/2", "wal/0000000001/0000000000000000002x", "checkpoint/0000000001/00000000000000000020"] {
+            assert_eq!(parse_name(other), None, "{other}");
+        }
     }
 }

@@ -32,7 +32,8 @@ async fn one_writer_moves_the_manifest_and_strangers_are_refused() {
 
     // Two writers from the same version: one moves it.
     let mut a = first.clone();
-    a.checkpoint = Some(Checkpoint { object: manifest::checkpoint_object(1, 100), revision: 100, sha256: "aa".into() });
+    let object = manifest::checkpoint_object(1, 100);
+    a.checkpoint = Some(Checkpoint { object, revision: 100, sha256: "aa".into(), parts: 1, after_segment: (1, 4) });
     a.shipped = 120;
     let mut b = first.clone();
     b.term = 2;
@@ -47,5 +48,5 @@ async fn one_writer_moves_the_manifest_and_strangers_are_refused() {
     foreign.put("manifest", Bytes::from_static(b"{\"version\": 3}")).await.unwrap();
     let err = manifest::read(&foreign, None).await.unwrap_err().to_string();
     assert!(err.contains("is not a kine-rs manifest"), "{err}");
-    assert_eq!(manifest::checkpoint_object(1, 100), "checkpoint/0000000001/00000000000000000100.db");
+    assert_eq!(manifest::checkpoint_object(1, 100), "checkpoint/0000000001/00000000000000000100/");
 }
