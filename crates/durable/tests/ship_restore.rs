@@ -56,7 +56,8 @@ async fn same(original: &dyn Backend, restored: &dyn Backend, seen: &Seen, to: R
     }
     if leases {
         let (mut x, mut y) = (original.leases().await.unwrap(), restored.leases().await.unwrap());
-        (x.sort(), y.sort());
+        x.sort();
+        y.sort();
         assert_eq!(x, y, "the leases");
         let (x, y) = (original.auth_record().await.unwrap(), restored.auth_record().await.unwrap());
         assert_eq!(x.map(|r| r.data), y.map(|r| r.data), "the auth record");
