@@ -4,9 +4,11 @@
 //! the restore that rebuilds a store from them. It works through the core `Backend` API, so it
 //! knows no SQL.
 
+pub mod backend;
 pub mod checkpoint;
 pub mod lock;
 pub mod manifest;
+pub mod node;
 pub mod restore;
 pub mod segment;
 pub mod ship;

@@ -30,6 +30,9 @@ pub struct Holder {
     pub address: String,
     pub term: u64,
     pub nonce: u64,
+    /// The holder stopped and gave the lock up: the next node may take it at once.
+    #[serde(default)]
+    pub released: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,8 +74,21 @@ impl Contender {
     }
 
     fn record(&self, term: u64) -> Bytes {
-        let holder = Holder { node: self.node.clone(), address: self.address.clone(), term, nonce: nonce() };
+        self.record_of(term, false)
+    }
+
+    fn record_of(&self, term: u64, released: bool) -> Bytes {
+        let holder = Holder { node: self.node.clone(), address: self.address.clone(), term, nonce: nonce(), released };
         Bytes::from(serde_json::to_vec(&holder).expect("a holder serializes"))
+    }
+
+    /// Gives the lock up (at a clean stop), if this node still holds it: the next node takes
+    /// it without waiting for the lease to run out.
+    pub async fn release(&mut self) -> anyhow::Result<()> {
+        if let Some(held) = self.held.take() {
+            self.store.put_if_match(KEY, self.record_of(held.term, true), &held.etag).await?;
+        }
+        Ok(())
     }
 
     /// Renews, acquires or takes over the lock as the rules allow; what this node may do now.
@@ -115,10 +131,11 @@ impl Contender {
                 started
             }
         };
-        if unchanged_since.elapsed() < self.lease {
+        if unchanged_since.elapsed() < self.lease && !holder.released {
             return Ok(Status::Follower { holder: Some(holder) });
         }
-        // The holder has not renewed for a whole lease: take over with the next term.
+        // The holder has not renewed for a whole lease, or gave the lock up: take over with the
+        // next term.
         let term = holder.term + 1;
         let started = Instant::now();
         Ok(match self.store.put_if_match(KEY, self.record(term), &current.etag).await? {

@@ -57,6 +57,10 @@ async fn apply(target: &dyn Backend, records: Vec<Record>, revision: Revision) -
                 add_leases.retain(|(a, _)| *a != id);
                 remove_leases.push(id);
             }
+            Record::LeasesReset => {
+                add_leases.clear();
+                remove_leases = target.leases().await.map_err(e)?.into_iter().map(|(id, _)| id).collect();
+            }
             Record::Compact { revision } => compact = Some(revision),
             Record::Auth { data } => auth = Some(data),
             Record::Committed { .. } => {}

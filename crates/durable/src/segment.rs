@@ -51,6 +51,9 @@ pub enum Record {
     Committed {
         revision: i64,
     },
+    /// Every lease is dropped; the grants after it are all the leases there are (the first
+    /// segment of a writer's term, which does not know what the last term shipped).
+    LeasesReset,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +121,7 @@ fn payload(record: &Record) -> Vec<u8> {
             p.push(6);
             p.extend_from_slice(&revision.to_be_bytes());
         }
+        Record::LeasesReset => p.push(7),
     }
     p
 }
@@ -231,6 +235,7 @@ impl Reader<'_> {
             4 => Record::Compact { revision: self.i64()? },
             5 => Record::Auth { data: self.bytes()? },
             6 => Record::Committed { revision: self.i64()? },
+            7 => Record::LeasesReset,
             _ => return Err(self.bad("an unknown record type")),
         };
         if !self.p.is_empty() {
@@ -287,6 +292,7 @@ mod tests {
                 Record::LeaseRevoke { id: 7 },
                 Record::Compact { revision: 30 },
                 Record::Auth { data: b"{}".to_vec() },
+                Record::LeasesReset,
                 Record::Committed { revision: 42 },
             ],
         }

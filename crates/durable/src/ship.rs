@@ -47,6 +47,8 @@ pub struct Shipper {
     backend: Arc<dyn Backend>,
     term: u64,
     position: Position,
+    /// The next segment starts the lease table afresh (a new term's first).
+    reset: bool,
 }
 
 fn e(err: kine_core::Error) -> anyhow::Error {
@@ -90,7 +92,14 @@ pub fn state_changes(from: &Position, to: &Position) -> Vec<Record> {
 impl Shipper {
     /// A shipper whose objects hold `position`, writing segments of `term`.
     pub fn new(store: Arc<dyn ObjectStore>, backend: Arc<dyn Backend>, term: u64, position: Position) -> Shipper {
-        Shipper { store, backend, term, position }
+        Shipper { store, backend, term, position, reset: false }
+    }
+
+    /// A shipper for a new writer term, whose objects hold every revision up to `shipped` but
+    /// whose lease and auth state it does not know: its first segment carries them whole.
+    pub fn new_term(store: Arc<dyn ObjectStore>, backend: Arc<dyn Backend>, term: u64, shipped: Revision) -> Shipper {
+        let position = Position { revision: shipped, compacted: -1, ..Position::default() };
+        Shipper { store, backend, term, position, reset: true }
     }
 
     pub fn position(&self) -> &Position {
@@ -139,6 +148,9 @@ impl Shipper {
         } else {
             next.compacted = self.position.compacted;
         }
+        if self.reset {
+            records.push(Record::LeasesReset);
+        }
         records.extend(state_changes(&self.position, &next));
         if records.is_empty() {
             return Ok(None);
@@ -151,7 +163,7 @@ impl Shipper {
         if self.store.put_if_absent(&object, Bytes::from(body)).await?.is_none() {
             anyhow::bail!("{object} exists already: another writer in term {} (two writers?)", self.term);
         }
-        self.position = next;
+        (self.position, self.reset) = (next, false);
         Ok(Some(Shipped { object, first, last, bytes, records: segment.records.len() }))
     }
 }

@@ -257,6 +257,15 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             return Err(e);
         }
     };
+    // S3 durability: the bucket and the database brought together (a restore into an empty
+    // one) before anything is served.
+    let (backend, s3) = match crate::s3::attach(&cli, backend, &bound.client_url, &stop, &trigger).await {
+        Ok(Some(attached)) => attached,
+        other => {
+            remove_socket(&bound.socket_path);
+            return other.map(|_| tracing::info!("kine-rs stopped during start-up"));
+        }
+    };
     let store_options = StoreOptions {
         watch_progress_interval: cli.watch_progress_notify_interval,
         compact: CompactOptions {
@@ -286,6 +295,13 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         }
     };
     let mut tasks = store.spawn_tasks(&stop);
+    let (s3_failure, s3_stop) = match s3 {
+        Some(running) => {
+            tasks.push(running.task);
+            (Some(running.failure), Some(running.stop))
+        }
+        None => (None, None),
+    };
     let revision = store.current_revision().await?;
     let m = kine_core::metrics::metrics();
     m.build_info.with_label_values(&[crate::version::VERSION, crate::version::COMMIT, crate::version::FEATURES]).set(1);
@@ -346,6 +362,9 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             Ok(())
         }
     };
+    if let Some(stop) = s3_stop {
+        let _ = stop.send(());
+    }
     // Background tasks stop at the shutdown signal; one stuck on an unreachable datastore
     // must not hold the process.
     for mut task in tasks {
@@ -358,6 +377,9 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
     shutdown_embedded(embedded).await;
     remove_socket(&bound.socket_path);
     tracing::info!("kine-rs stopped");
+    if let Some(failure) = s3_failure.and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).take()) {
+        return Err(failure.context("S3 shipping stopped"));
+    }
     result
 }
 

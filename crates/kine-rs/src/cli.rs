@@ -77,6 +77,9 @@ pub struct Cli {
     #[arg(long, env = "KINE_TRUSTED_CA_FILE")]
     pub trusted_ca_file: Option<PathBuf>,
 
+    #[command(flatten)]
+    pub s3: crate::s3::S3Args,
+
     /// etcd's --name: this node's name in MemberList (every node serving the datastore is listed)
     #[arg(long, env = "KINE_NAME", default_value = "kine-rs")]
     pub name: String,

@@ -12,6 +12,7 @@ mod listen;
 mod metrics_http;
 mod migrate;
 mod restore;
+mod s3;
 mod version;
 
 use clap::Parser;

@@ -54,9 +54,16 @@ impl S3Store {
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
             ))
             .build_https();
+        // A request that hangs must fail, not hold the shipper or the writer lock's renewal.
+        let timeouts = aws_config::timeout::TimeoutConfig::builder()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .operation_attempt_timeout(std::time::Duration::from_secs(20))
+            .operation_timeout(std::time::Duration::from_secs(60))
+            .build();
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .region(aws_config::Region::new(config.region.clone()))
             .credentials_provider(credentials)
+            .timeout_config(timeouts)
             .http_client(http);
         if let Some(endpoint) = &config.endpoint {
             loader = loader.endpoint_url(endpoint);

@@ -1,0 +1,164 @@
+//! `--s3-*`: the SQLite datastore kept in S3-compatible object storage as well (kine-durable):
+//! restored from it into an empty database at start, shipped to it while served.
+
+use anyhow::{Context, Result, bail};
+use kine_core::backend::Backend;
+use kine_durable::node::{self, Options};
+use kine_objstore::{S3Config, S3Store};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = kine_core::duration::parse(s)?;
+    if d.is_zero() {
+        return Err("must be greater than 0".into());
+    }
+    Ok(d)
+}
+
+/// kine's t4 flag names where they exist.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct S3Args {
+    /// S3 bucket that keeps a copy of the SQLite datastore (WAL segments and checkpoints);
+    /// an empty database is restored from it at start. docs/s3.md
+    #[arg(long, env = "KINE_S3_BUCKET")]
+    pub s3_bucket: Option<String>,
+    /// Folder (key prefix) in the bucket; one store per folder
+    #[arg(long, env = "KINE_S3_FOLDER", default_value = "")]
+    pub s3_folder: String,
+    /// S3-compatible server URL (MinIO, Ceph, versitygw…), addressed path-style; default: AWS
+    #[arg(long, env = "KINE_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// Region (default: AWS_REGION, else us-east-1)
+    #[arg(long, env = "KINE_S3_REGION")]
+    pub s3_region: Option<String>,
+    /// Access key (default: AWS_ACCESS_KEY_ID)
+    #[arg(long, env = "KINE_S3_ACCESS_KEY")]
+    pub s3_access_key: Option<String>,
+    /// Secret key (default: AWS_SECRET_ACCESS_KEY)
+    #[arg(long, env = "KINE_S3_SECRET_KEY", hide_env_values = true)]
+    pub s3_secret_key: Option<String>,
+    /// Session token (default: AWS_SESSION_TOKEN)
+    #[arg(long, env = "KINE_S3_SESSION_TOKEN", hide_env_values = true)]
+    pub s3_session_token: Option<String>,
+    /// Acknowledge a write only once it is in S3 (RPO 0; each write waits for an upload)
+    #[arg(long, env = "KINE_S3_SYNC")]
+    pub s3_sync: bool,
+    /// Without --s3-sync: a write is in S3 at most this long after it was acknowledged (RPO)
+    #[arg(long, env = "KINE_S3_SHIP_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub s3_ship_interval: Duration,
+    /// How often a full checkpoint is written (older segments and checkpoints are then removed)
+    #[arg(long, env = "KINE_S3_CHECKPOINT_INTERVAL", default_value = "1h", value_parser = parse_duration)]
+    pub s3_checkpoint_interval: Duration,
+    /// The S3 writer lock's lease: a node that stopped renewing it is replaced after this
+    #[arg(long, env = "KINE_S3_LOCK_LEASE", default_value = "10s", value_parser = parse_duration)]
+    pub s3_lock_lease: Duration,
+}
+
+impl S3Args {
+    fn config(&self, bucket: &str) -> Result<S3Config> {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let access_key = self.s3_access_key.clone().or_else(|| env("AWS_ACCESS_KEY_ID"));
+        let secret_key = self.s3_secret_key.clone().or_else(|| env("AWS_SECRET_ACCESS_KEY"));
+        let (Some(access_key), Some(secret_key)) = (access_key, secret_key) else {
+            bail!(
+                "--s3-bucket needs credentials: --s3-access-key and --s3-secret-key (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+            );
+        };
+        if self.s3_lock_lease < Duration::from_secs(2) {
+            bail!("--s3-lock-lease must be at least 2s");
+        }
+        Ok(S3Config {
+            bucket: bucket.to_string(),
+            folder: self.s3_folder.clone(),
+            endpoint: self.s3_endpoint.clone(),
+            region: self.s3_region.clone().or_else(|| env("AWS_REGION")).unwrap_or_else(|| "us-east-1".into()),
+            access_key,
+            secret_key,
+            session_token: self.s3_session_token.clone().or_else(|| env("AWS_SESSION_TOKEN")),
+        })
+    }
+}
+
+/// What S3 durability runs: the shipping task, and its error if it ended with one.
+pub struct Running {
+    pub task: JoinHandle<()>,
+    pub failure: Arc<Mutex<Option<anyhow::Error>>>,
+    /// Stops shipping (after what is left): sent once the server stopped taking requests, so
+    /// that every write it acknowledged is shipped.
+    pub stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// With `--s3-bucket`: [`start`], else `backend` as it is. `None`: stopped meanwhile. On
+/// failure `backend` is closed.
+pub async fn attach(
+    cli: &crate::cli::Cli,
+    backend: Arc<dyn Backend>,
+    address: &str,
+    stop: &kine_core::shutdown::Shutdown,
+    trigger: &kine_core::shutdown::ShutdownTrigger,
+) -> Result<Option<(Arc<dyn Backend>, Option<Running>)>> {
+    let Some(bucket) = &cli.s3.s3_bucket else { return Ok(Some((backend, None))) };
+    let mut stopping = stop.clone();
+    let starting = start(&cli.s3, bucket, backend.clone(), &cli.name, address, trigger.clone());
+    let started = tokio::select! {
+        r = starting => Some(r),
+        _ = stopping.wait() => None,
+    };
+    match started {
+        Some(Ok((served, running))) => Ok(Some((served, Some(running)))),
+        failed => {
+            backend.close().await;
+            failed.transpose().map(|_| None)
+        }
+    }
+}
+
+/// Brings `backend` (SQLite) and the bucket together (a restore into an empty database), then
+/// returns the backend to serve and the shipping task, which stops when told (shipping what is
+/// left) or, with an error and `trigger` pulled, once another node took the lock.
+pub async fn start(
+    args: &S3Args,
+    bucket: &str,
+    backend: Arc<dyn Backend>,
+    node_name: &str,
+    address: &str,
+    trigger: kine_core::shutdown::ShutdownTrigger,
+) -> Result<(Arc<dyn Backend>, Running)> {
+    if backend.name() != "sqlite" {
+        bail!("--s3-bucket works with the SQLite datastore (sqlite:// or the default), not {}", backend.name());
+    }
+    let config = args.config(bucket)?;
+    let shown = format!("s3://{bucket}/{}", args.s3_folder);
+    let store = Arc::new(S3Store::connect(&config).await.with_context(|| format!("--s3-bucket: {shown}"))?);
+    let options = Options {
+        ship_interval: args.s3_ship_interval,
+        checkpoint_interval: args.s3_checkpoint_interval,
+        lease: args.s3_lock_lease,
+        node: node_name.to_string(),
+        address: address.to_string(),
+    };
+    let started =
+        node::start(store, backend.clone(), &options).await.with_context(|| format!("--s3-bucket: {shown}"))?;
+    tracing::info!(
+        target = %shown,
+        sync = args.s3_sync,
+        ship_interval = ?args.s3_ship_interval,
+        revision = *started.handle.shipped.borrow(),
+        "shipping the datastore to S3"
+    );
+    let served: Arc<dyn Backend> =
+        Arc::new(kine_durable::backend::Durable::new(backend, started.handle.clone(), args.s3_sync));
+    let failure = Arc::new(Mutex::new(None));
+    let failed = failure.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        if let Err(err) = started.runner.run(async move { stopped.await.unwrap_or_default() }).await {
+            tracing::error!(error = format!("{err:#}"), "S3 shipping stopped; kine-rs stops");
+            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
+            trigger.trigger();
+        }
+    });
+    Ok((served, Running { task, failure, stop }))
+}

@@ -1,0 +1,162 @@
+//! S3 durability of the SQLite datastore (`--s3-bucket`), end to end against a real
+//! S3-compatible server (versitygw): a node whose disk is lost comes back from the bucket with
+//! every key, past revisions, leases and users; a clean stop hands the writer lock over at
+//! once; a database behind the bucket, the lost disk's database once the store was restored
+//! elsewhere, another store's database, and bad flags are refused with errors that name the
+//! problem.
+
+mod common;
+use common::*;
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use kine_testkit::s3::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
+use std::process::Command;
+
+fn s3_args(server: &S3Server, folder: &str) -> Vec<String> {
+    [
+        "--s3-bucket",
+        "kine",
+        "--s3-folder",
+        folder,
+        "--s3-endpoint",
+        &server.endpoint(),
+        "--s3-region",
+        REGION,
+        "--s3-access-key",
+        ACCESS_KEY,
+        "--s3-secret-key",
+        SECRET_KEY,
+        "--s3-lock-lease",
+        "2s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn start(dir: &std::path::Path, s3: &[String], extra: &[&str]) -> Server {
+    let endpoint = db_endpoint(dir);
+    let mut args: Vec<&str> = vec!["--endpoint", &endpoint];
+    args.extend(s3.iter().map(String::as_str));
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+/// kine-rs with these flags fails at start; its stderr.
+fn refused(dir: &std::path::Path, s3: &[String], extra: &[&str]) -> String {
+    let endpoint = db_endpoint(dir);
+    let mut cmd = Command::new(server_bin());
+    cmd.args(["--endpoint", &endpoint, "--listen-address", "127.0.0.1:0"]).args(s3).args(extra);
+    let (ok, _, stderr) = run(&mut cmd);
+    assert!(!ok, "kine-rs started: {stderr}");
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_disk_comes_back_from_s3() {
+    let server = S3Server::start(&["kine"]);
+    let s3 = s3_args(&server, "cluster");
+    let (first, second) = (TempDir::new("s3-first"), TempDir::new("s3-second"));
+
+    // Writes acknowledged only once they are in S3.
+    let node = start(first.path(), &s3, &["--s3-sync"]);
+    let mut c = node.client().await;
+    for i in 0..50 {
+        c.put(format!("/registry/pods/p{i}"), format!("v{i}"), None).await.unwrap();
+    }
+    let lease = c.lease_grant(600, None).await.unwrap().id();
+    c.put("/registry/leases/l", "held", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    c.delete("/registry/pods/p3", None).await.unwrap();
+    let txn = Txn::new()
+        .when([Compare::mod_revision("/registry/pods/p4", CompareOp::Greater, 0)])
+        .and_then([TxnOp::put("/registry/pods/p4", "v4b", None), TxnOp::put("/registry/pods/new", "n", None)]);
+    c.txn(txn).await.unwrap();
+    let past = c.get("/", Some(GetOptions::new().with_prefix())).await.unwrap().header().unwrap().revision();
+    c.put("/registry/pods/p5", "v5b", None).await.unwrap();
+    c.compact(past - 10, None).await.unwrap();
+    c.user_add("alice", "secret", None).await.unwrap();
+    let before = everything(&mut c).await;
+    let at_past = keys_at(&mut c, past).await;
+    drop(c);
+    node.signal("KILL");
+    drop(node);
+
+    // A node on an empty data directory restores the store: keys, a past revision, the lease
+    // and its key, the compact revision, the user.
+    let node = start(second.path(), &s3, &[]);
+    assert!(node.log().contains("restored the store from S3"), "{}", node.log());
+    let mut c = node.client().await;
+    assert_eq!(everything(&mut c).await, before);
+    assert_eq!(keys_at(&mut c, past).await, at_past);
+    let compacted = c.get("/", Some(GetOptions::new().with_revision(past - 11))).await.unwrap_err().to_string();
+    assert!(compacted.contains("required revision has been compacted"), "{compacted}");
+    let leases = c.leases().await.unwrap();
+    assert_eq!(leases.leases().iter().map(|l| l.id()).collect::<Vec<_>>(), vec![lease]);
+    let users = c.user_list().await.unwrap();
+    assert_eq!(users.users(), ["alice"]);
+
+    // It writes on; without --s3-sync the change is in S3 within the ship interval.
+    c.put("/registry/pods/after", "x", None).await.unwrap();
+    let after = everything(&mut c).await;
+    drop(c);
+    let mut node = node;
+    assert!(node.stop("TERM").await.success(), "{}", node.log());
+    assert!(node.log().contains("writer lock released"), "{}", node.log());
+
+    // The database it left, in step with the bucket, serves again at once: the lock was released.
+    let copy = TempDir::new("s3-copy");
+    for f in std::fs::read_dir(second.path()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let started = std::time::Instant::now();
+    let mut node = start(second.path(), &s3, &[]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "waited for the lock: {}", node.log());
+    assert!(!node.log().contains("restored"), "{}", node.log());
+    let mut c = node.client().await;
+    assert_eq!(everything(&mut c).await, after);
+    c.put("/registry/pods/later", "y", None).await.unwrap();
+    drop(c);
+    assert!(node.stop("TERM").await.success(), "{}", node.log());
+
+    // A copy of that database from before its last write is behind the bucket: refused.
+    let err = refused(copy.path(), &s3, &[]);
+    assert!(err.contains("behind the S3 prefix"), "{err}");
+    // The lost disk's database, if it comes back, is the store before the restore: refused.
+    let err = refused(first.path(), &s3, &[]);
+    assert!(err.contains("holds another store"), "{err}");
+
+    // Another store's database on this folder is refused.
+    let other = TempDir::new("s3-other");
+    let mut lone = start(other.path(), &[], &[]);
+    lone.client().await.put("x", "y", None).await.unwrap();
+    assert!(lone.stop("TERM").await.success());
+    let err = refused(other.path(), &s3, &[]);
+    assert!(err.contains("holds another store"), "{err}");
+}
+
+#[tokio::test]
+async fn bad_s3_settings_are_refused_at_start() {
+    let server = S3Server::start(&["kine"]);
+    let dir = TempDir::new("s3-bad");
+    let good = s3_args(&server, "bad");
+    let with = |flag: &str, value: &str| {
+        let mut args = good.clone();
+        let i = args.iter().position(|a| a == flag).unwrap();
+        args[i + 1] = value.to_string();
+        args
+    };
+    let err = refused(dir.path(), &with("--s3-bucket", "missing"), &[]);
+    assert!(err.contains("--s3-bucket") && err.contains("NoSuchBucket"), "{err}");
+    let err = refused(dir.path(), &with("--s3-secret-key", "wrong"), &[]);
+    assert!(err.contains("--s3-bucket") && err.contains("SignatureDoesNotMatch"), "{err}");
+    let no_keys: Vec<String> = good[..good.len() - 6].to_vec();
+    let mut cmd = Command::new(server_bin());
+    cmd.args(["--endpoint", &db_endpoint(dir.path()), "--listen-address", "127.0.0.1:0"]).args(&no_keys);
+    cmd.env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY");
+    let (ok, _, err) = run(&mut cmd);
+    assert!(!ok && err.contains("--s3-access-key"), "{err}");
+    let mut cmd = Command::new(server_bin());
+    cmd.args(["--endpoint", "memory://", "--listen-address", "127.0.0.1:0"]).args(&good);
+    let (ok, _, err) = run(&mut cmd);
+    assert!(!ok && err.contains("works with the SQLite datastore"), "{err}");
+}
