@@ -33,13 +33,17 @@ pub struct Manifest {
     /// The writer term that wrote this version.
     pub term: u64,
     pub checkpoint: Option<Checkpoint>,
+    /// The checkpoint before it, kept with the segments after it for restores to a revision
+    /// before the newest checkpoint.
+    #[serde(default)]
+    pub previous: Option<Checkpoint>,
     /// Every revision up to this one is in the checkpoint or in segments.
     pub shipped: i64,
 }
 
 impl Manifest {
     pub fn new(cluster_id: u64, term: u64) -> Manifest {
-        Manifest { format: FORMAT.into(), cluster_id, term, checkpoint: None, shipped: 1 }
+        Manifest { format: FORMAT.into(), cluster_id, term, checkpoint: None, previous: None, shipped: 1 }
     }
 }
 

@@ -311,6 +311,7 @@ impl Runner {
         let started = Instant::now();
         let cp = checkpoint::write(self.store.as_ref(), self.backend.as_ref(), self.term, &position).await?;
         let previous = m.checkpoint.replace(cp.clone());
+        m.previous.clone_from(&previous);
         (m.shipped, m.term) = (position.revision, self.term);
         if manifest::write(self.store.as_ref(), &m, Some(&etag)).await?.is_none() {
             anyhow::bail!("the S3 manifest changed under this writer: another writer?");

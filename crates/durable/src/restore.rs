@@ -99,13 +99,15 @@ pub async fn restore(
     };
     let until = until.unwrap_or(Revision::MAX);
     let mut done = Restored { revision: 1, ..Restored::default() };
-    if let Some(checkpoint) = &manifest.checkpoint {
-        if until < checkpoint.revision {
-            anyhow::bail!(
-                "revision {until} is before the oldest checkpoint kept ({}): it cannot be restored",
-                checkpoint.revision
-            );
-        }
+    // The newest checkpoint at or before `until`.
+    let kept = [&manifest.checkpoint, &manifest.previous];
+    let chosen = kept.iter().filter_map(|c| c.as_ref()).find(|c| c.revision <= until);
+    if chosen.is_none()
+        && let Some(oldest) = kept.iter().filter_map(|c| c.as_ref()).map(|c| c.revision).min()
+    {
+        anyhow::bail!("revision {until} is before the oldest checkpoint kept ({oldest}): it cannot be restored");
+    }
+    if let Some(checkpoint) = chosen {
         let mut parts = Parts::new(store, checkpoint);
         while let Some(records) = parts.next().await? {
             done.versions += apply(target, records, checkpoint.revision).await?;

@@ -197,6 +197,14 @@ pub enum Command {
         #[arg(long)]
         current_only: bool,
     },
+    /// Restores the store kept in S3 (--s3-bucket, --s3-folder …) into a new SQLite database
+    /// (--endpoint sqlite://PATH), up to its newest revision or a past one, then exits; the
+    /// bucket is only read
+    S3Restore {
+        /// The revision to restore up to (default: the newest shipped)
+        #[arg(long)]
+        revision: Option<i64>,
+    },
     /// Reads the datastore --endpoint names without changing it (stopped, or served meanwhile):
     /// keys, values, a key's history, what changed between two revisions
     Inspect {

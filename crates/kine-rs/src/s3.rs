@@ -162,3 +162,46 @@ pub async fn start(
     });
     Ok((served, Running { task, failure, stop }))
 }
+
+/// `kine-rs s3-restore`: the bucket's store into a new SQLite database, up to `revision`. The
+/// bucket is only read (no lock, no manifest change); the database must not exist, and none is
+/// left behind when the restore fails.
+pub async fn restore(cli: &crate::cli::Cli, revision: Option<i64>) -> Result<()> {
+    let Some(bucket) = &cli.s3.s3_bucket else { bail!("s3-restore needs --s3-bucket (and --s3-folder …)") };
+    let path = match crate::endpoint::parse(&cli.endpoint).map_err(|e| anyhow::anyhow!("--endpoint: {e}"))? {
+        crate::endpoint::Endpoint::Sqlite { path } => path,
+        _ => bail!("--endpoint: s3-restore writes a new SQLite database (sqlite://PATH)"),
+    };
+    if path.exists() {
+        bail!("--endpoint: {} exists; s3-restore writes a new database and never over one", path.display());
+    }
+    let config = cli.s3.config(bucket)?;
+    let shown = format!("s3://{bucket}/{}", cli.s3.s3_folder);
+    let store = S3Store::connect(&config).await.with_context(|| format!("--s3-bucket: {shown}"))?;
+    let backend = kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path: path.clone() })
+        .with_context(|| format!("--endpoint: cannot create {}", path.display()))?;
+    let started = std::time::Instant::now();
+    let result = kine_durable::restore::restore(&store, &backend, revision).await;
+    backend.close().await;
+    match result {
+        Ok(r) => {
+            tracing::info!(
+                from = %shown,
+                database = %path.display(),
+                revision = r.revision,
+                checkpoint = ?r.checkpoint,
+                segments = r.segments,
+                versions = r.versions,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "restored from S3"
+            );
+            Ok(())
+        }
+        Err(e) => {
+            for suffix in ["", "-wal", "-shm", "-journal"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+            Err(e.context(format!("--s3-bucket: restore from {shown}")))
+        }
+    }
+}

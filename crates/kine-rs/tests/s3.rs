@@ -160,3 +160,75 @@ async fn bad_s3_settings_are_refused_at_start() {
     let (ok, _, err) = run(&mut cmd);
     assert!(!ok && err.contains("works with the SQLite datastore"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_replace_the_segments_before_them() {
+    use kine_objstore::{ObjectStore, S3Config, S3Store};
+    let server = S3Server::start(&["kine"]);
+    let s3 = s3_args(&server, "checkpoints");
+    let (dir, restored) = (TempDir::new("s3-cp"), TempDir::new("s3-cp-restored"));
+    let mut node = start(dir.path(), &s3, &["--s3-checkpoint-interval", "1s", "--s3-ship-interval", "100ms"]);
+    let mut c = node.client().await;
+    for i in 0..40 {
+        c.put(format!("/k/{}", i % 7), format!("v{i}"), None).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let before = everything(&mut c).await;
+    let mut at = std::collections::BTreeMap::new();
+    for rev in 1..=before.0 {
+        at.insert(rev, keys_at(&mut c, rev).await);
+    }
+    drop(c);
+    assert!(node.stop("TERM").await.success(), "{}", node.log());
+    assert!(node.log().matches("S3 checkpoint written").count() >= 2, "{}", node.log());
+
+    let config = S3Config {
+        bucket: "kine".into(),
+        folder: "checkpoints".into(),
+        endpoint: Some(server.endpoint()),
+        region: REGION.into(),
+        access_key: ACCESS_KEY.into(),
+        secret_key: SECRET_KEY.into(),
+        session_token: None,
+    };
+    let store = S3Store::connect(&config).await.unwrap();
+    let (manifest, _) = kine_durable::manifest::read(&store, None).await.unwrap().unwrap();
+    let newest = manifest.checkpoint.expect("a checkpoint in the manifest");
+    // Kept: the newest checkpoint and the one before it, and the segments after that one.
+    let folders: std::collections::BTreeSet<String> =
+        store.list("checkpoint/").await.unwrap().iter().map(|n| n[..n.rfind('/').unwrap() + 1].to_string()).collect();
+    assert_eq!(folders.len(), 2, "{folders:?}");
+    assert_eq!(folders.last(), Some(&newest.object));
+    let kept_from = folders.first().unwrap().clone();
+    let segments = store.list("wal/").await.unwrap();
+    let first = segments.first().and_then(|n| kine_durable::segment::parse_name(n)).unwrap();
+    assert!(first.1 > 1, "the first segments were removed: {segments:?} (the oldest checkpoint kept: {kept_from})");
+
+    let node = start(restored.path(), &s3, &[]);
+    assert!(node.log().contains(&format!("checkpoint=Some({})", newest.revision)), "{}", node.log());
+    assert_eq!(everything(&mut node.client().await).await, before);
+    drop(node);
+
+    // Point in time: `s3-restore` into a new database, up to a revision between the two
+    // checkpoints kept (from the older one) and up to the newest.
+    let previous = manifest.previous.expect("the checkpoint before the newest");
+    for (revision, from) in [(previous.revision + 1, previous.revision), (before.0, newest.revision)] {
+        let target = TempDir::new("s3-pitr");
+        let endpoint = db_endpoint(target.path());
+        let mut cmd = Command::new(server_bin());
+        cmd.args(["--endpoint", &endpoint]).args(&s3).args(["s3-restore", "--revision", &revision.to_string()]);
+        let (ok, _, log) = run(&mut cmd);
+        assert!(ok && log.contains(&format!("checkpoint=Some({from})")), "{log}");
+        let (ok, _, err) = run(&mut cmd);
+        assert!(!ok && err.contains("exists; s3-restore writes a new database"), "{err}");
+        let copy = Server::start(&["--endpoint", &endpoint]);
+        let mut c = copy.client().await;
+        assert_eq!(everything(&mut c).await, (revision, at[&revision].clone()), "restored up to {revision}");
+    }
+    let target = TempDir::new("s3-pitr-old");
+    let mut cmd = Command::new(server_bin());
+    cmd.args(["--endpoint", &db_endpoint(target.path())]).args(&s3).args(["s3-restore", "--revision", "2"]);
+    let (ok, _, err) = run(&mut cmd);
+    assert!(!ok && err.contains("before the oldest checkpoint kept"), "{err}");
+    assert!(!target.path().join("state.db").exists(), "a failed restore leaves no database behind");
+}
