@@ -289,11 +289,17 @@ impl Runner {
         }
     }
 
-    /// Ships segments until everything committed is shipped, then tells who waits.
+    /// Ships what was committed before the call: one segment, or several for a backlog of more
+    /// than [`crate::ship::MAX_REVISIONS`] (writes committed meanwhile wait for the next call,
+    /// so that a busy store still ships one segment per interval).
     async fn ship_all(&mut self) -> anyhow::Result<()> {
-        while let Some(s) = self.shipper.ship().await? {
+        let target = self.backend.revisions().await.map_err(e)?.current;
+        while let Some(s) = self.shipper.ship_until(target).await? {
             tracing::trace!(object = %s.object, first = s.first, last = s.last, bytes = s.bytes, "shipped");
             self.shipped.send_replace(s.last);
+            if s.last >= target {
+                break;
+            }
         }
         Ok(())
     }

@@ -123,9 +123,15 @@ impl Shipper {
     /// [`MAX_REVISIONS`]), with the compaction, lease and auth changes seen meanwhile. `None`
     /// when nothing changed.
     pub async fn ship(&mut self) -> anyhow::Result<Option<Shipped>> {
+        self.ship_until(Revision::MAX).await
+    }
+
+    /// [`Shipper::ship`], with revisions up to `until` at most.
+    pub async fn ship_until(&mut self, until: Revision) -> anyhow::Result<Option<Shipped>> {
         // The state first: a lease granted after this read ships with a later segment.
         let state = Self::state(self.backend.as_ref()).await?;
-        let (first, last) = (self.position.revision + 1, state.revision.min(self.position.revision + MAX_REVISIONS));
+        let last = state.revision.min(until).min(self.position.revision + MAX_REVISIONS);
+        let first = self.position.revision + 1;
         let mut records: Vec<Record> = if last >= first {
             let changes = self.backend.events(&KeyRange::all(), first - 1, last).await.map_err(|err| match err {
                 kine_core::Error::Compacted { compact_revision } => anyhow::anyhow!(
