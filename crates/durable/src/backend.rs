@@ -1,6 +1,7 @@
 //! The store as the server sees it while a node ships it to object storage: the local backend,
-//! with a compaction that waits until what it removes is shipped, and (`--s3-sync`) writes
-//! acknowledged only once they are in object storage.
+//! with a compaction that waits until what it removes is shipped, writes refused unless this
+//! node holds the writer lock, and (`--s3-sync`) writes acknowledged only once they are in
+//! object storage.
 
 use crate::node::Handle;
 use kine_core::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Promotion, Replication, Revisions, Role};
@@ -19,6 +20,16 @@ pub struct Durable {
 impl Durable {
     pub fn new(inner: Arc<dyn Backend>, handle: Handle, sync: bool) -> Durable {
         Durable { inner, handle, sync }
+    }
+
+    /// Writes only while this node holds the writer lock (another may hold it once its lease
+    /// ran out).
+    fn fenced(&self) -> Result<()> {
+        if self.handle.held.borrow().valid() {
+            Ok(())
+        } else {
+            Err(Error::Unavailable("this node no longer holds the S3 writer lock".into()))
+        }
     }
 
     /// Waits until everything committed so far is in object storage.
@@ -48,6 +59,7 @@ impl Backend for Durable {
         self.inner.range(req).await
     }
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
+        self.fenced()?;
         let written = self.inner.write(op).await?;
         if self.sync {
             self.flush().await?;
@@ -55,6 +67,7 @@ impl Backend for Durable {
         Ok(written)
     }
     async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.fenced()?;
         // The history compaction removes must be in object storage first.
         if *self.handle.shipped.borrow() < revision {
             self.flush().await?;
@@ -86,6 +99,7 @@ impl Backend for Durable {
         self.inner.auth_record().await
     }
     async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        self.fenced()?;
         let replaced = self.inner.auth_replace(expected, data).await?;
         if self.sync && replaced {
             self.flush().await?;

@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod keeper;
 pub mod lock;
 pub mod manifest;
 pub mod node;

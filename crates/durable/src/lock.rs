@@ -33,6 +33,10 @@ pub struct Holder {
     /// The holder stopped and gave the lock up: the next node may take it at once.
     #[serde(default)]
     pub released: bool,
+    /// Random per process: the holder's own record (its renewal may have been stored although
+    /// its answer was lost).
+    #[serde(default)]
+    pub owner: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +62,7 @@ pub struct Contender {
     held: Option<Held>,
     /// The lock's ETag as last seen, and since when it has been that.
     seen: Option<(String, Instant)>,
+    owner: u64,
 }
 
 fn nonce() -> u64 {
@@ -70,7 +75,7 @@ fn nonce() -> u64 {
 impl Contender {
     pub fn new(store: Arc<dyn ObjectStore>, node: &str, address: &str, lease: Duration) -> Contender {
         assert!(lease > MARGIN * 2, "a lease shorter than twice the margin cannot be held");
-        Contender { store, node: node.into(), address: address.into(), lease, held: None, seen: None }
+        Contender { store, node: node.into(), address: address.into(), lease, held: None, seen: None, owner: nonce() }
     }
 
     fn record(&self, term: u64) -> Bytes {
@@ -78,7 +83,14 @@ impl Contender {
     }
 
     fn record_of(&self, term: u64, released: bool) -> Bytes {
-        let holder = Holder { node: self.node.clone(), address: self.address.clone(), term, nonce: nonce(), released };
+        let holder = Holder {
+            node: self.node.clone(),
+            address: self.address.clone(),
+            term,
+            nonce: nonce(),
+            released,
+            owner: self.owner,
+        };
         Bytes::from(serde_json::to_vec(&holder).expect("a holder serializes"))
     }
 
@@ -93,24 +105,42 @@ impl Contender {
 
     /// Renews, acquires or takes over the lock as the rules allow; what this node may do now.
     pub async fn tick(&mut self) -> anyhow::Result<Status> {
-        if let Some(held) = self.held.take() {
+        // `held` stays as it is until an answer says otherwise: a renewal cancelled midway (a
+        // caller's timeout) changes nothing.
+        if let Some((etag, term, until)) = self.held.as_ref().map(|h| (h.etag.clone(), h.term, h.until)) {
             let started = Instant::now();
-            match self.store.put_if_match(KEY, self.record(held.term), &held.etag).await {
+            match self.store.put_if_match(KEY, self.record(term), &etag).await {
                 Ok(Some(etag)) => {
                     let until = started + self.lease - MARGIN;
-                    self.held = Some(Held { etag, term: held.term, until });
-                    return Ok(Status::Writer { term: held.term, until });
-                }
-                // Taken over: stop at once.
-                Ok(None) => {}
-                // S3 unreachable: still the writer until the lease runs out.
-                Err(e) if Instant::now() < held.until => {
-                    tracing::warn!(error = format!("{e:#}"), "cannot renew the writer lock; retrying");
-                    let (term, until) = (held.term, held.until);
-                    self.held = Some(held);
+                    self.held = Some(Held { etag, term, until });
                     return Ok(Status::Writer { term, until });
                 }
-                Err(e) => return Err(e.context("renew the writer lock: the lease ran out")),
+                Ok(None) => {
+                    // Taken over, unless the lock holds this process's own record: a renewal
+                    // stored although its answer never came.
+                    let current = self.store.get(KEY).await?;
+                    let mine = current.as_ref().and_then(|c| {
+                        let h: Holder = serde_json::from_slice(&c.body).ok()?;
+                        (h.owner == self.owner && h.term == term && !h.released).then(|| c.etag.clone())
+                    });
+                    match mine {
+                        Some(etag) => {
+                            self.held = Some(Held { etag, term, until });
+                            return Ok(Status::Writer { term, until });
+                        }
+                        // Taken over: stop at once.
+                        None => self.held = None,
+                    }
+                }
+                // S3 unreachable: still the writer until the lease runs out.
+                Err(e) if Instant::now() < until => {
+                    tracing::warn!(error = format!("{e:#}"), "cannot renew the writer lock; retrying");
+                    return Ok(Status::Writer { term, until });
+                }
+                Err(e) => {
+                    self.held = None;
+                    return Err(e.context("renew the writer lock: the lease ran out"));
+                }
             }
         }
         let started = Instant::now();

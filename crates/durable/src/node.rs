@@ -5,6 +5,7 @@
 //! unneeded. It keeps the lock renewed; once another node has it, this one stops.
 
 use crate::checkpoint;
+use crate::keeper::{Held, Keeper};
 use crate::lock::{Contender, Holder, Status};
 use crate::manifest::{self, Manifest};
 use crate::restore::{Restored, restore};
@@ -38,6 +39,8 @@ pub struct Handle {
     pub(crate) flush: mpsc::Sender<Flush>,
     /// The newest revision shipped.
     pub shipped: watch::Receiver<Revision>,
+    /// Whether this node may write (it holds the writer lock).
+    pub held: watch::Receiver<Held>,
 }
 
 fn e(err: kine_core::Error) -> anyhow::Error {
@@ -179,18 +182,18 @@ pub async fn start(
     };
     let (flush, requests) = mpsc::channel(1024);
     let shipped = watch::channel(shipper.position().revision);
+    let keeper = Keeper::start(lock, held_until, options.lease);
     Ok(Started {
-        handle: Handle { flush, shipped: shipped.1 },
+        handle: Handle { flush, shipped: shipped.1, held: keeper.held.clone() },
         runner: Runner {
             store,
             backend,
-            lock,
+            keeper,
             shipper,
             requests,
             shipped: shipped.0,
             options: options.clone(),
             term,
-            held_until,
         },
         restored,
     })
@@ -206,13 +209,12 @@ pub struct Started {
 pub struct Runner {
     store: Arc<dyn ObjectStore>,
     backend: Arc<dyn Backend>,
-    lock: Contender,
+    keeper: Keeper,
     shipper: Shipper,
     requests: mpsc::Receiver<Flush>,
     shipped: watch::Sender<Revision>,
     options: Options,
     term: u64,
-    held_until: Instant,
 }
 
 impl Runner {
@@ -220,33 +222,28 @@ impl Runner {
     pub async fn run(mut self, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
         tokio::pin!(stop);
         let mut waiting: Vec<Flush> = Vec::new();
-        let (mut renewed, mut checkpointed) = (Instant::now(), Instant::now());
-        let mut held_until = self.held_until;
+        let mut checkpointed = Instant::now();
         let mut failing: Option<Instant> = None;
+        let mut held = self.keeper.held.clone();
         loop {
             let stopping = tokio::select! {
                 _ = &mut stop => true,
                 Some(f) = self.requests.recv() => { waiting.push(f); false }
+                _ = held.changed() => false,
                 _ = tokio::time::sleep(self.options.ship_interval) => false,
             };
+            if let Held::Lost(why) = &*held.borrow() {
+                anyhow::bail!("{why}: this node stops");
+            }
             while let Ok(f) = self.requests.try_recv() {
                 waiting.push(f);
             }
-            if renewed.elapsed() >= self.options.lease / 4 {
-                match tokio::time::timeout(self.options.lease / 4, self.lock.tick()).await {
-                    Ok(Ok(Status::Writer { until, .. })) => (renewed, held_until) = (Instant::now(), until),
-                    Ok(Ok(Status::Follower { holder })) => anyhow::bail!(
-                        "another kine-rs took the S3 writer lock ({}): this node stops",
-                        holder.map(|h| format!("{} at {}, term {}", h.node, h.address, h.term)).unwrap_or_default()
-                    ),
-                    Ok(Err(err)) => return Err(err),
-                    Err(_) => tracing::warn!("renewing the S3 writer lock takes long; retrying"),
-                }
-            }
-            if Instant::now() >= held_until {
-                anyhow::bail!("the S3 writer lock was not renewed within its lease (S3 unreachable?): this node stops");
-            }
-            match self.ship_all().await {
+            // A lost lock ends the node even while an upload hangs.
+            let shipped = tokio::select! {
+                r = self.ship_all() => r,
+                why = lost(&mut held) => anyhow::bail!("{why}: this node stops"),
+            };
+            match shipped {
                 Ok(()) => {
                     if failing.take().is_some() {
                         tracing::info!("shipping to S3 again");
@@ -268,12 +265,13 @@ impl Runner {
             if stopping {
                 if failing.is_none() {
                     // Everything is shipped: the next node need not wait for the lease.
-                    self.lock.release().await?;
+                    self.keeper.release().await?;
                     tracing::info!(
                         revision = self.shipper.position().revision,
                         "S3 shipping stopped; writer lock released"
                     );
                 } else {
+                    self.keeper.abandon();
                     tracing::warn!(
                         "stopping with changes not shipped to S3; the writer lock is kept until its lease runs out"
                     );
@@ -281,7 +279,11 @@ impl Runner {
                 return Ok(());
             }
             if failing.is_none() && checkpointed.elapsed() >= self.options.checkpoint_interval {
-                match self.checkpoint().await {
+                let written = tokio::select! {
+                    r = self.checkpoint() => r,
+                    why = lost(&mut held) => anyhow::bail!("{why}: this node stops"),
+                };
+                match written {
                     Ok(()) => checkpointed = Instant::now(),
                     Err(err) => tracing::warn!(error = format!("{err:#}"), "cannot write an S3 checkpoint; retrying"),
                 }
@@ -352,5 +354,17 @@ impl Runner {
         }
         tracing::debug!(removed, "removed S3 objects no checkpoint kept needs");
         Ok(())
+    }
+}
+
+/// Resolves once the lock is lost, with the reason.
+async fn lost(held: &mut watch::Receiver<Held>) -> String {
+    loop {
+        if let Held::Lost(why) = &*held.borrow_and_update() {
+            return why.clone();
+        }
+        if held.changed().await.is_err() {
+            return "the S3 writer lock's keeper ended".to_string();
+        }
     }
 }

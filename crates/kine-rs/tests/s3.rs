@@ -232,3 +232,43 @@ async fn checkpoints_replace_the_segments_before_them() {
     assert!(!ok && err.contains("before the oldest checkpoint kept"), "{err}");
     assert!(!target.path().join("state.db").exists(), "a failed restore leaves no database behind");
 }
+
+/// S3 stalls (SIGSTOP of the server): with --s3-sync a write fails with etcd's timeout instead
+/// of hanging, and once S3 answers again it is shipped with everything after it; S3 stalled
+/// past the writer lock's lease makes the node stop (it can no longer prove it is the writer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_s3_fails_writes_cleanly_and_loses_nothing() {
+    let server = S3Server::start(&["kine"]);
+    let mut s3 = s3_args(&server, "stall");
+    let lease = s3.iter().position(|a| a == "--s3-lock-lease").unwrap();
+    s3[lease + 1] = "6s".into();
+    let (dir, restored) = (TempDir::new("s3-stall"), TempDir::new("s3-stall-restored"));
+    let pid = server.pid().to_string();
+    let signal = |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+
+    let node = start(dir.path(), &s3, &["--s3-sync", "--request-timeout", "2s"]);
+    let mut c = node.client().await;
+    c.put("/a", "1", None).await.unwrap();
+    signal("-STOP");
+    let started = std::time::Instant::now();
+    let err = c.put("/b", "2", None).await.unwrap_err().to_string();
+    assert!(err.contains("request timed out"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(4), "{:?}", started.elapsed());
+    signal("-CONT");
+    c.put("/c", "3", None).await.unwrap();
+    let after = everything(&mut c).await;
+    assert_eq!(after.1.len(), 3, "the timed-out write was committed locally: {after:?}");
+    drop(c);
+    node.signal("KILL");
+    drop(node);
+    let node = start(restored.path(), &s3, &[]);
+    assert_eq!(everything(&mut node.client().await).await, after, "{}", node.log());
+
+    // Stalled past the lease (6 s): the writer stops with an error naming the lock.
+    signal("-STOP");
+    let mut node = node;
+    let status = node.stop_by_itself(std::time::Duration::from_secs(20)).await;
+    signal("-CONT");
+    assert!(!status.success(), "{}", node.log());
+    assert!(node.log().contains("S3 writer lock was not renewed within its lease"), "{}", node.log());
+}

@@ -76,6 +76,11 @@ impl S3Server {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
+
+    /// The server process (to stall it with SIGSTOP in fault tests).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for S3Server {

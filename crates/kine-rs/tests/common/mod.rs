@@ -109,6 +109,20 @@ impl Server {
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
+
+    /// Waits up to `limit` for the process to exit on its own; its status.
+    pub async fn stop_by_itself(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!("kine-rs still runs after {limit:?}; log:\n{}", self.log.lock().unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for Server {
