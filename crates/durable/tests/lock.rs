@@ -3,24 +3,16 @@
 //! term, and once back it finds itself fenced.
 
 use kine_durable::lock::{Contender, Status};
-use kine_objstore::{ObjectStore, S3Config, S3Store};
-use kine_testkit::s3::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
+mod common;
+use kine_objstore::ObjectStore;
+use kine_testkit::s3::S3Server;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const LEASE: Duration = Duration::from_secs(2);
 
 async fn store(server: &S3Server) -> Arc<dyn ObjectStore> {
-    let config = S3Config {
-        bucket: "kine".into(),
-        folder: "lock-test".into(),
-        endpoint: Some(server.endpoint()),
-        region: REGION.into(),
-        access_key: ACCESS_KEY.into(),
-        secret_key: SECRET_KEY.into(),
-        session_token: None,
-    };
-    Arc::new(S3Store::connect(&config).await.unwrap())
+    common::store(server, "lock-test").await
 }
 
 fn writer(s: &Status) -> Option<u64> {

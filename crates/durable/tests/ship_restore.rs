@@ -11,24 +11,11 @@ use kine_durable::manifest::{self, Manifest};
 use kine_durable::restore::restore;
 use kine_durable::ship::Shipper;
 use kine_durable::{checkpoint, segment};
-use kine_objstore::{ObjectStore, S3Config, S3Store};
-use kine_testkit::s3::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
+mod common;
+use common::store;
+use kine_testkit::s3::S3Server;
 use kine_testkit::{TempDir, memory, model, sqlite};
 use std::collections::BTreeMap;
-use std::sync::Arc;
-
-async fn store(server: &S3Server, folder: &str) -> Arc<dyn ObjectStore> {
-    let config = S3Config {
-        bucket: "kine".into(),
-        folder: folder.into(),
-        endpoint: Some(server.endpoint()),
-        region: REGION.into(),
-        access_key: ACCESS_KEY.into(),
-        secret_key: SECRET_KEY.into(),
-        session_token: None,
-    };
-    Arc::new(S3Store::connect(&config).await.unwrap())
-}
 
 async fn keys_at(s: &dyn Backend, revision: Revision) -> Vec<KeyValue> {
     let mut req = RangeRequest::new(KeyRange::all());

@@ -294,6 +294,11 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
             return Err(e);
         }
     };
+    // This node is listed (MemberList, other nodes, `kine-rs migrate`'s check that a target is
+    // not served) from the moment it says it is ready; the heartbeat task refreshes the record.
+    if let Err(e) = store.members().announce().await {
+        tracing::warn!(error = %e, "cannot store this node's member record yet");
+    }
     let mut tasks = store.spawn_tasks(&stop);
     let (s3_failure, s3_stop) = match s3 {
         Some(running) => {
