@@ -51,6 +51,13 @@ impl Keeper {
     }
 }
 
+impl Drop for Keeper {
+    /// A node that fails to start, or stops, renews nothing any more.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 async fn keep(lock: Arc<Mutex<Contender>>, tell: watch::Sender<Held>, mut until: Instant, lease: Duration) {
     loop {
         tokio::time::sleep(lease / 4).await;

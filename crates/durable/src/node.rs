@@ -98,6 +98,8 @@ pub async fn start(
 ) -> anyhow::Result<Started> {
     let mut lock = Contender::new(store.clone(), &options.node, &options.address, options.lease);
     let (term, held_until) = acquire(&mut lock, options.lease).await?;
+    // Renewed from now on: a restore or a first checkpoint may take longer than the lease.
+    let keeper = Keeper::start(lock, held_until, options.lease);
     let revisions = backend.revisions().await.map_err(e)?;
     let empty = revisions.current <= 1;
     let mut restored = None;
@@ -134,7 +136,8 @@ pub async fn start(
                     newest.map_or(0, |n| n.0)
                 );
             }
-            if empty && end > 1 {
+            // An empty database takes the prefix's store (nothing, if it never wrote).
+            if empty {
                 let started = Instant::now();
                 let r = restore(store.as_ref(), backend.as_ref(), None).await?;
                 tracing::info!(
@@ -182,7 +185,9 @@ pub async fn start(
     };
     let (flush, requests) = mpsc::channel(1024);
     let shipped = watch::channel(shipper.position().revision);
-    let keeper = Keeper::start(lock, held_until, options.lease);
+    if let Held::Lost(why) = &*keeper.held.borrow() {
+        anyhow::bail!("{why}");
+    }
     Ok(Started {
         handle: Handle { flush, shipped: shipped.1, held: keeper.held.clone() },
         runner: Runner {

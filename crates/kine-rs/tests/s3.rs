@@ -272,3 +272,18 @@ async fn a_stalled_s3_fails_writes_cleanly_and_loses_nothing() {
     assert!(!status.success(), "{}", node.log());
     assert!(node.log().contains("S3 writer lock was not renewed within its lease"), "{}", node.log());
 }
+
+/// A node that never wrote loses its disk: the next one, on an empty database, takes the prefix.
+#[tokio::test]
+async fn an_empty_database_takes_over_a_prefix_that_never_wrote() {
+    let server = S3Server::start(&["kine"]);
+    let s3 = s3_args(&server, "unused");
+    let (first, second) = (TempDir::new("s3-unused"), TempDir::new("s3-unused-next"));
+    let node = start(first.path(), &s3, &[]);
+    node.signal("KILL");
+    drop(node);
+    let node = start(second.path(), &s3, &[]);
+    let mut c = node.client().await;
+    c.put("k", "v", None).await.unwrap();
+    assert_eq!(everything(&mut c).await.0, 2, "{}", node.log());
+}
