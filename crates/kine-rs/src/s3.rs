@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
 use kine_durable::node::{self, Options};
-use kine_objstore::{S3Config, S3Store};
+use kine_objstore::{S3Config, S3Store, StaticKeys};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -33,7 +33,12 @@ pub struct S3Args {
     /// Region (default: AWS_REGION, else us-east-1)
     #[arg(long, env = "KINE_S3_REGION")]
     pub s3_region: Option<String>,
-    /// Access key (default: AWS_ACCESS_KEY_ID)
+    /// PEM file of the CA certificates to trust for an HTTPS --s3-endpoint (instead of the
+    /// system's)
+    #[arg(long, env = "KINE_S3_CA_BUNDLE")]
+    pub s3_ca_bundle: Option<std::path::PathBuf>,
+    /// Access key (default: AWS_ACCESS_KEY_ID, then the AWS SDK's chain: profile files, web
+    /// identity, ECS, EC2 instance role)
     #[arg(long, env = "KINE_S3_ACCESS_KEY")]
     pub s3_access_key: Option<String>,
     /// Secret key (default: AWS_SECRET_ACCESS_KEY)
@@ -61,10 +66,24 @@ impl S3Args {
         let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let access_key = self.s3_access_key.clone().or_else(|| env("AWS_ACCESS_KEY_ID"));
         let secret_key = self.s3_secret_key.clone().or_else(|| env("AWS_SECRET_ACCESS_KEY"));
-        let (Some(access_key), Some(secret_key)) = (access_key, secret_key) else {
-            bail!(
-                "--s3-bucket needs credentials: --s3-access-key and --s3-secret-key (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
-            );
+        let keys = match (access_key, secret_key) {
+            (Some(access_key), Some(secret_key)) => Some(StaticKeys {
+                access_key,
+                secret_key,
+                session_token: self.s3_session_token.clone().or_else(|| env("AWS_SESSION_TOKEN")),
+            }),
+            (None, None) if self.s3_session_token.is_some() => {
+                bail!("--s3-session-token needs --s3-access-key and --s3-secret-key")
+            }
+            (None, None) => None,
+            (Some(_), None) => bail!("--s3-access-key needs --s3-secret-key (or AWS_SECRET_ACCESS_KEY)"),
+            (None, Some(_)) => bail!("--s3-secret-key needs --s3-access-key (or AWS_ACCESS_KEY_ID)"),
+        };
+        let ca_bundle = match &self.s3_ca_bundle {
+            Some(path) => {
+                Some(std::fs::read(path).with_context(|| format!("--s3-ca-bundle: cannot read {}", path.display()))?)
+            }
+            None => None,
         };
         if self.s3_lock_lease < Duration::from_secs(2) {
             bail!("--s3-lock-lease must be at least 2s");
@@ -74,9 +93,8 @@ impl S3Args {
             folder: self.s3_folder.clone(),
             endpoint: self.s3_endpoint.clone(),
             region: self.s3_region.clone().or_else(|| env("AWS_REGION")).unwrap_or_else(|| "us-east-1".into()),
-            access_key,
-            secret_key,
-            session_token: self.s3_session_token.clone().or_else(|| env("AWS_SESSION_TOKEN")),
+            keys,
+            ca_bundle,
         })
     }
 }

@@ -149,21 +149,107 @@ async fn bad_s3_settings_are_refused_at_start() {
     assert!(err.contains("--s3-bucket") && err.contains("NoSuchBucket"), "{err}");
     let err = refused(dir.path(), &with("--s3-secret-key", "wrong"), &[]);
     assert!(err.contains("--s3-bucket") && err.contains("SignatureDoesNotMatch"), "{err}");
+    // Without keys in flags or in this machine's AWS settings.
     let no_keys: Vec<String> = good[..good.len() - 6].to_vec();
-    let mut cmd = Command::new(server_bin());
-    cmd.args(["--endpoint", &db_endpoint(dir.path()), "--listen-address", "127.0.0.1:0"]).args(&no_keys);
-    cmd.env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY");
-    let (ok, _, err) = run(&mut cmd);
-    assert!(!ok && err.contains("--s3-access-key"), "{err}");
+    let refused_without_keys = |extra: &[&str]| {
+        let mut cmd = Command::new(server_bin());
+        cmd.args(["--endpoint", &db_endpoint(dir.path()), "--listen-address", "127.0.0.1:0"]).args(&no_keys);
+        without_aws_credentials(&mut cmd).args(extra);
+        let (ok, _, err) = run(&mut cmd);
+        assert!(!ok, "kine-rs started: {err}");
+        err
+    };
+    let err = refused_without_keys(&[]);
+    assert!(err.contains("no S3 credentials") && err.contains("--s3-access-key"), "{err}");
+    let err = refused_without_keys(&["--s3-access-key", ACCESS_KEY]);
+    assert!(err.contains("--s3-access-key needs --s3-secret-key"), "{err}");
+    let err = refused_without_keys(&["--s3-session-token", "t"]);
+    assert!(err.contains("--s3-session-token needs --s3-access-key"), "{err}");
+    let err = refused(dir.path(), &good, &["--s3-ca-bundle", "/nonexistent/ca.pem"]);
+    assert!(err.contains("--s3-ca-bundle: cannot read /nonexistent/ca.pem"), "{err}");
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "garbage").unwrap();
+    let err = refused(dir.path(), &good, &["--s3-ca-bundle", not_pem.to_str().unwrap()]);
+    assert!(err.contains("--s3-ca-bundle") && err.contains("no certificate"), "{err}");
     let mut cmd = Command::new(server_bin());
     cmd.args(["--endpoint", "memory://", "--listen-address", "127.0.0.1:0"]).args(&good);
     let (ok, _, err) = run(&mut cmd);
     assert!(!ok && err.contains("works with the SQLite datastore"), "{err}");
 }
 
+/// No AWS credentials reach `cmd` from this machine's environment or files (nor from EC2's
+/// instance metadata, which is not here).
+fn without_aws_credentials(cmd: &mut Command) -> &mut Command {
+    for var in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+        .env("AWS_CONFIG_FILE", "/nonexistent/config")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+}
+
+/// An S3 server with a private CA (`--s3-ca-bundle`), and keys from an AWS profile file instead
+/// of flags: the store is shipped and restored as with plain HTTP and static keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_a_ca_bundle_and_keys_from_an_aws_profile() {
+    let certs = TempDir::new("s3-tls-certs");
+    kine_testkit::certs::make_certs(certs.path());
+    let server = S3Server::start_tls(&["kine"], &certs.path().join("server.crt"), &certs.path().join("server.key"));
+    let profile = certs.path().join("credentials");
+    std::fs::write(
+        &profile,
+        format!("[default]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\n[kine]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"),
+    )
+    .unwrap();
+    let ca = certs.path().join("ca.crt");
+    let s3: Vec<String> = s3_args(&server, "tls")[..8]
+        .iter()
+        .cloned()
+        .chain(["--s3-ca-bundle".into(), ca.display().to_string()])
+        .collect();
+    let command = || {
+        let mut cmd = Command::new(server_bin());
+        without_aws_credentials(&mut cmd).env("AWS_SHARED_CREDENTIALS_FILE", &profile).env("AWS_PROFILE", "kine");
+        cmd
+    };
+    let (first, second) = (TempDir::new("s3-tls-first"), TempDir::new("s3-tls-second"));
+    let endpoint = db_endpoint(first.path());
+    let mut args: Vec<&str> = vec!["--endpoint", &endpoint, "--s3-sync"];
+    args.extend(s3.iter().map(String::as_str));
+    let mut node = Server::start_command(command(), &args);
+    let mut c = node.client().await;
+    for i in 0..20 {
+        c.put(format!("/registry/pods/p{i}"), "v", None).await.unwrap();
+    }
+    let before = everything(&mut c).await;
+    drop(c);
+    assert!(node.stop("TERM").await.success(), "{}", node.log());
+
+    let endpoint = db_endpoint(second.path());
+    let mut args: Vec<&str> = vec!["--endpoint", &endpoint];
+    args.extend(s3.iter().map(String::as_str));
+    let node = Server::start_command(command(), &args);
+    let mut c = node.client().await;
+    assert_eq!(everything(&mut c).await, before, "{}", node.log());
+    drop(c);
+    drop(node);
+
+    // Without the bundle the test CA is unknown; the error says so.
+    let mut cmd = command();
+    cmd.args(["--endpoint", &db_endpoint(second.path()), "--listen-address", "127.0.0.1:0"]).args(&s3[..8]);
+    let (ok, _, err) = run(&mut cmd);
+    assert!(!ok && err.contains("--s3-bucket") && err.contains("UnknownIssuer"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_replace_the_segments_before_them() {
-    use kine_objstore::{ObjectStore, S3Config, S3Store};
+    use kine_objstore::{ObjectStore, S3Config, S3Store, StaticKeys};
     let server = S3Server::start(&["kine"]);
     let s3 = s3_args(&server, "checkpoints");
     let (dir, restored) = (TempDir::new("s3-cp"), TempDir::new("s3-cp-restored"));
@@ -187,9 +273,8 @@ async fn checkpoints_replace_the_segments_before_them() {
         folder: "checkpoints".into(),
         endpoint: Some(server.endpoint()),
         region: REGION.into(),
-        access_key: ACCESS_KEY.into(),
-        secret_key: SECRET_KEY.into(),
-        session_token: None,
+        keys: Some(StaticKeys::new(ACCESS_KEY, SECRET_KEY)),
+        ca_bundle: None,
     };
     let store = S3Store::connect(&config).await.unwrap();
     let (manifest, _) = kine_durable::manifest::read(&store, None).await.unwrap().unwrap();

@@ -7,7 +7,7 @@
 
 mod s3;
 
-pub use s3::{S3Config, S3Store};
+pub use s3::{S3Config, S3Store, StaticKeys};
 
 use bytes::Bytes;
 

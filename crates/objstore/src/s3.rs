@@ -16,9 +16,25 @@ pub struct S3Config {
     /// `--s3-endpoint`: an S3-compatible server's URL; addressed path-style.
     pub endpoint: Option<String>,
     pub region: String,
+    /// Static keys; `None`: the AWS SDK's default chain (`AWS_*` variables, the shared config
+    /// and credentials files and `AWS_PROFILE`, web identity (EKS), ECS, the EC2 instance role).
+    pub keys: Option<StaticKeys>,
+    /// `--s3-ca-bundle`: PEM certificates, the only roots trusted for HTTPS; `None`: the
+    /// system's roots.
+    pub ca_bundle: Option<Vec<u8>>,
+}
+
+#[derive(Clone)]
+pub struct StaticKeys {
     pub access_key: String,
     pub secret_key: String,
     pub session_token: Option<String>,
+}
+
+impl StaticKeys {
+    pub fn new(access_key: &str, secret_key: &str) -> StaticKeys {
+        StaticKeys { access_key: access_key.into(), secret_key: secret_key.into(), session_token: None }
+    }
 }
 
 /// Without the secret.
@@ -29,9 +45,28 @@ impl std::fmt::Debug for S3Config {
             .field("folder", &self.folder)
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
-            .field("access_key", &self.access_key)
+            .field("access_key", &self.keys.as_ref().map(|k| &k.access_key))
+            .field("ca_bundle", &self.ca_bundle.is_some())
             .finish()
     }
+}
+
+/// The trust store of `--s3-ca-bundle`, checked here: the SDK parses it only at the first
+/// connection, and panics on what it cannot parse.
+fn trust_store(pem: &[u8]) -> anyhow::Result<aws_smithy_http_client::tls::TrustStore> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("not a PEM file of certificates: {e}"))?;
+    if certs.is_empty() {
+        anyhow::bail!("no certificate in it (PEM, -----BEGIN CERTIFICATE-----)");
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for (i, cert) in certs.into_iter().enumerate() {
+        roots.add(cert).map_err(|e| anyhow::anyhow!("certificate {}: {e}", i + 1))?;
+    }
+    Ok(aws_smithy_http_client::tls::TrustStore::empty().with_pem_certificate(pem.to_vec()))
 }
 
 pub struct S3Store {
@@ -42,17 +77,15 @@ pub struct S3Store {
 
 impl S3Store {
     pub async fn connect(config: &S3Config) -> anyhow::Result<S3Store> {
-        let credentials = aws_credential_types::Credentials::new(
-            &config.access_key,
-            &config.secret_key,
-            config.session_token.clone(),
-            None,
-            "kine-rs flags",
-        );
+        let mut tls = aws_smithy_http_client::tls::TlsContext::builder();
+        if let Some(pem) = &config.ca_bundle {
+            tls = tls.with_trust_store(trust_store(pem).context("--s3-ca-bundle")?);
+        }
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
             ))
+            .tls_context(tls.build().context("--s3-ca-bundle")?)
             .build_https();
         // A request that hangs must fail, not hold the shipper or the writer lock's renewal.
         let timeouts = aws_config::timeout::TimeoutConfig::builder()
@@ -62,13 +95,32 @@ impl S3Store {
             .build();
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .region(aws_config::Region::new(config.region.clone()))
-            .credentials_provider(credentials)
             .timeout_config(timeouts)
             .http_client(http);
+        if let Some(keys) = &config.keys {
+            loader = loader.credentials_provider(aws_credential_types::Credentials::new(
+                &keys.access_key,
+                &keys.secret_key,
+                keys.session_token.clone(),
+                None,
+                "kine-rs flags",
+            ));
+        }
         if let Some(endpoint) = &config.endpoint {
             loader = loader.endpoint_url(endpoint);
         }
         let shared = loader.load().await;
+        if config.keys.is_none() {
+            // Found now, so that a node without any says so at start.
+            use aws_credential_types::provider::ProvideCredentials;
+            let chain = shared.credentials_provider().context("the AWS SDK gave no credentials chain")?;
+            chain.provide_credentials().await.map_err(|e| {
+                anyhow::anyhow!(
+                    "no S3 credentials: give --s3-access-key and --s3-secret-key, set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE, ~/.aws/credentials), or run with an instance role ({})",
+                    aws_sdk_s3::error::DisplayErrorContext(&e)
+                )
+            })?;
+        }
         let s3 = aws_sdk_s3::config::Builder::from(&shared)
             .force_path_style(config.endpoint.is_some())
             // Checksums only where S3 requires them: S3-compatible servers differ in the newer

@@ -1,9 +1,9 @@
 //! The S3 object store against a real S3-compatible server (versitygw): plain and conditional
 //! puts (one winner among racing writers), gets, lists under the folder, deletes, and clear
-//! errors for wrong credentials and a missing bucket.
+//! errors for wrong credentials and a missing bucket; HTTPS with a private CA.
 
 use bytes::Bytes;
-use kine_objstore::{ObjectStore, S3Config, S3Store};
+use kine_objstore::{ObjectStore, S3Config, S3Store, StaticKeys};
 use kine_testkit::s3::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
 use std::sync::Arc;
 
@@ -13,9 +13,8 @@ fn config(server: &S3Server, bucket: &str, folder: &str) -> S3Config {
         folder: folder.into(),
         endpoint: Some(server.endpoint()),
         region: REGION.into(),
-        access_key: ACCESS_KEY.into(),
-        secret_key: SECRET_KEY.into(),
-        session_token: None,
+        keys: Some(StaticKeys::new(ACCESS_KEY, SECRET_KEY)),
+        ca_bundle: None,
     }
 }
 
@@ -84,7 +83,7 @@ async fn conditional_puts_let_exactly_one_racer_win() {
 async fn wrong_credentials_and_a_missing_bucket_fail_clearly() {
     let server = S3Server::start(&["kine"]);
     let mut wrong = config(&server, "kine", "");
-    wrong.secret_key = "not-the-secret".into();
+    wrong.keys = Some(StaticKeys::new(ACCESS_KEY, "not-the-secret"));
     let store = S3Store::connect(&wrong).await.unwrap();
     let err = format!("{:#}", store.put("x", Bytes::from_static(b"x")).await.unwrap_err());
     assert!(err.contains("put s3://kine/x") && err.contains("SignatureDoesNotMatch"), "{err}");
@@ -93,4 +92,46 @@ async fn wrong_credentials_and_a_missing_bucket_fail_clearly() {
     let store = S3Store::connect(&config(&server, "missing", "")).await.unwrap();
     let err = format!("{:#}", store.list("").await.unwrap_err());
     assert!(err.contains("list s3://missing/") && err.contains("NoSuchBucket"), "{err}");
+}
+
+#[tokio::test]
+async fn https_with_a_private_ca_is_trusted_through_the_ca_bundle_only() {
+    let certs = kine_testkit::TempDir::new("s3-certs");
+    kine_testkit::certs::make_certs(certs.path());
+    let server = S3Server::start_tls(&["kine"], &certs.path().join("server.crt"), &certs.path().join("server.key"));
+    assert!(server.endpoint().starts_with("https://"));
+    let ca = std::fs::read(certs.path().join("ca.crt")).unwrap();
+
+    let mut trusted = config(&server, "kine", "tls");
+    trusted.ca_bundle = Some(ca.clone());
+    let store = S3Store::connect(&trusted).await.unwrap();
+    store.put("o", Bytes::from_static(b"over TLS")).await.unwrap();
+    assert_eq!(store.get("o").await.unwrap().unwrap().body.as_ref(), b"over TLS");
+
+    // The system's roots do not know the test CA.
+    let store = S3Store::connect(&config(&server, "kine", "tls")).await.unwrap();
+    let err = format!("{:#}", store.get("o").await.unwrap_err());
+    assert!(err.contains("get s3://kine/tls/o") && err.contains("UnknownIssuer"), "{err}");
+    // Nor does a bundle holding another CA (of the same name: its signature does not match).
+    let other = kine_testkit::TempDir::new("s3-other-ca");
+    kine_testkit::certs::make_certs(other.path());
+    let mut wrong = config(&server, "kine", "tls");
+    wrong.ca_bundle = Some(std::fs::read(other.path().join("ca.crt")).unwrap());
+    let store = S3Store::connect(&wrong).await.unwrap();
+    let err = format!("{:#}", store.get("o").await.unwrap_err());
+    assert!(err.contains("invalid peer certificate: BadSignature"), "{err}");
+
+    // What is not a bundle of certificates is refused at connect, never at the first request.
+    for (bad, why) in [
+        (b"".to_vec(), "no certificate"),
+        (b"not pem at all".to_vec(), "no certificate"),
+        (std::fs::read(certs.path().join("server.key")).unwrap(), "no certificate"),
+        (b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec(), "certificate 1"),
+        (ca[..ca.len() / 2].to_vec(), "PEM"),
+    ] {
+        let mut config = config(&server, "kine", "tls");
+        config.ca_bundle = Some(bad);
+        let err = format!("{:#}", S3Store::connect(&config).await.err().expect("refused"));
+        assert!(err.contains("--s3-ca-bundle") && err.contains(why), "{why}: {err}");
+    }
 }

@@ -39,19 +39,34 @@ pub struct S3Server {
     child: Child,
     pub port: u16,
     dir: TempDir,
+    tls: bool,
 }
 
 impl S3Server {
     /// Starts the server with `buckets` created (each a directory of the posix backend).
     pub fn start(buckets: &[&str]) -> S3Server {
+        S3Server::start_with(buckets, None)
+    }
+
+    /// Like [`S3Server::start`], serving HTTPS with `cert` and `key` (PEM files).
+    pub fn start_tls(buckets: &[&str], cert: &std::path::Path, key: &std::path::Path) -> S3Server {
+        S3Server::start_with(buckets, Some((cert, key)))
+    }
+
+    fn start_with(buckets: &[&str], tls: Option<(&std::path::Path, &std::path::Path)>) -> S3Server {
         let dir = TempDir::new("s3");
         for b in buckets {
             std::fs::create_dir_all(dir.path().join(b)).expect("create bucket directory");
         }
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("server.log")).expect("create log");
-        let child = Command::new(versitygw_bin())
-            .args(["--port", &format!("127.0.0.1:{port}"), "posix"])
+        let mut command = Command::new(versitygw_bin());
+        command.args(["--port", &format!("127.0.0.1:{port}")]);
+        if let Some((cert, key)) = tls {
+            command.arg("--cert").arg(cert).arg("--key").arg(key);
+        }
+        let child = command
+            .arg("posix")
             .arg(dir.path())
             .env("ROOT_ACCESS_KEY", ACCESS_KEY)
             .env("ROOT_SECRET_KEY", SECRET_KEY)
@@ -60,7 +75,7 @@ impl S3Server {
             .stderr(log)
             .spawn()
             .expect("start versitygw");
-        let server = S3Server { child, port, dir };
+        let server = S3Server { child, port, dir, tls: tls.is_some() };
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(started.elapsed() < Duration::from_secs(20), "versitygw did not listen: {}", server.log());
@@ -70,7 +85,7 @@ impl S3Server {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", if self.tls { "https" } else { "http" }, self.port)
     }
 
     pub fn log(&self) -> String {

@@ -1,6 +1,6 @@
 //! What the object-storage tests share: a store on a folder of the test server's `kine` bucket.
 
-use kine_objstore::{ObjectStore, S3Config, S3Store};
+use kine_objstore::{ObjectStore, S3Config, S3Store, StaticKeys};
 use kine_testkit::s3::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
 use std::sync::Arc;
 
@@ -10,9 +10,8 @@ pub async fn store(server: &S3Server, folder: &str) -> Arc<dyn ObjectStore> {
         folder: folder.into(),
         endpoint: Some(server.endpoint()),
         region: REGION.into(),
-        access_key: ACCESS_KEY.into(),
-        secret_key: SECRET_KEY.into(),
-        session_token: None,
+        keys: Some(StaticKeys::new(ACCESS_KEY, SECRET_KEY)),
+        ca_bundle: None,
     };
     Arc::new(S3Store::connect(&config).await.unwrap())
 }
