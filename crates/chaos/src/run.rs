@@ -184,7 +184,7 @@ pub async fn run(endpoints: &[String], spec: Workload, fault: &mut dyn Fault, sc
     stop_watch.store(true, Ordering::Relaxed);
 
     let mut findings = Findings::default();
-    let streams: Vec<_> = watchers.iter().map(|w| (w.events(), w.caught_up())).collect();
+    let streams: Vec<_> = watchers.iter().map(Watcher::snapshot).collect();
     for (w, (_, caught_up)) in watchers.iter().zip(&streams) {
         if *caught_up < newest {
             findings.watch_gaps.push(format!("node {}: the watch caught up only to {caught_up} of {newest}", w.node));

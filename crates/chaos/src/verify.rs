@@ -73,8 +73,11 @@ pub fn check_streams(streams: &[(Vec<Event>, i64)], history: &[Event], findings:
             .filter(|e| e.revision <= *caught_up && !seen.contains(&(e.revision, e.key.clone())))
             .collect();
         if let Some(first) = missing.first() {
+            // What this watcher delivered around the gap, to tell a lost event from one late.
+            let before = events.iter().map(|e| e.revision).filter(|r| *r < first.revision).max();
+            let after = events.iter().map(|e| e.revision).filter(|r| *r > first.revision).min();
             findings.watch_gaps.push(format!(
-                "node {node}: {} events missing, first {} at revision {}",
+                "node {node}: {} events missing, first {} at revision {} (delivered before it: {before:?}, after it: {after:?}; caught up to {caught_up})",
                 missing.len(),
                 first.key,
                 first.revision

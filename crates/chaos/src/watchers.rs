@@ -55,8 +55,11 @@ impl Watcher {
         self.delivered.lock().unwrap().caught_up
     }
 
-    pub fn events(&self) -> Vec<Event> {
-        self.delivered.lock().unwrap().events.clone()
+    /// The events delivered and the revision they are complete up to, read together: read one
+    /// after the other, an event arriving in between would seem missing.
+    pub fn snapshot(&self) -> (Vec<Event>, i64) {
+        let d = self.delivered.lock().unwrap();
+        (d.events.clone(), d.caught_up)
     }
 }
 
