@@ -69,12 +69,15 @@ pub struct NatsOptions {
     /// The NATS server in this process (the embedded one), which answers read barriers
     /// in-process while it leads the bucket's stream.
     pub local: Option<Arc<dyn LocalServer>>,
+    /// Open the bucket only to read it (`kine-rs inspect`, `kine-rs migrate --from`): nothing is
+    /// created or changed, a missing bucket is an error, and every write is refused.
+    pub read_only: bool,
 }
 
 impl NatsOptions {
     /// Options without datastore TLS, for etcd's request limit (1.5 MiB).
     pub fn new(config: NatsConfig) -> NatsOptions {
-        NatsOptions { config, tls: ClientTls::default(), max_request_bytes: 1536 * 1024, local: None }
+        NatsOptions { config, tls: ClientTls::default(), max_request_bytes: 1536 * 1024, local: None, read_only: false }
     }
 }
 
@@ -154,6 +157,8 @@ struct Inner {
     /// on it: a node that renewed the lease meanwhile wins).
     lease_revs: Mutex<HashMap<LeaseId, u64>>,
     lease_updates: broadcast::Sender<LeaseUpdate>,
+    /// Opened to be read only (see [`NatsOptions::read_only`]).
+    read_only: bool,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> Error {
@@ -212,7 +217,7 @@ impl NatsBackend {
             .with_context(|| format!("connect to NATS at {}", connect::shown(&servers)))?;
         connect::wait_connected(&client, &servers, &last_error, CONNECT_TIMEOUT).await?;
         let max_payload = client.server_info().max_payload;
-        if max_payload < options.max_request_bytes {
+        if max_payload < options.max_request_bytes && !options.read_only {
             tracing::warn!(
                 max_payload,
                 max_request_bytes = options.max_request_bytes,
@@ -223,7 +228,8 @@ impl NatsBackend {
         let js = jetstream::new(client.clone());
         // A NATS cluster that is forming or electing leaders refuses JetStream requests for a
         // while: the set-up steps wait for it (bounded, see `setup::patiently`).
-        let opened = setup::patiently("open the bucket", || layout::open(&js, cfg)).await?;
+        let read_only = options.read_only;
+        let opened = setup::patiently("open the bucket", || layout::open(&js, cfg, read_only)).await?;
         let role = match &opened.origin {
             Some(origin) if opened.copy => Role::Copy { origin: origin.describe().into() },
             _ => Role::Primary,
@@ -270,6 +276,7 @@ impl NatsBackend {
             tasks: Mutex::new(Vec::new()),
             lease_revs: Mutex::new(HashMap::new()),
             lease_updates: broadcast::channel(1024).0,
+            read_only,
         });
         let meta_watch = setup::patiently("watch the meta bucket", || async {
             inner.meta.watch_with_history(">").await.context("watch the meta bucket")
@@ -309,10 +316,11 @@ impl NatsBackend {
                 }
                 inner.spawn(copy::follow(inner.clone(), origin.clone()));
             }
-            (Some(_), false) => inner.start_fencing(),
-            (None, _) => {}
+            // A promoted copy fences its old origin, which is a write.
+            (Some(_), false) if !read_only => inner.start_fencing(),
+            _ => {}
         }
-        if !inner.is_copy() {
+        if !inner.is_copy() && !read_only {
             inner.spawn(fence::listen_for_fence(inner.clone()));
         }
         Ok(NatsBackend { inner })
@@ -344,6 +352,14 @@ impl Inner {
     /// On a promoted copy: fence its old origin once it can be reached (`promote.rs`).
     fn start_fencing(self: &Arc<Self>) {
         self.spawn(self.clone().keep_fencing());
+    }
+
+    /// Refuses a write when the bucket was opened read-only.
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::Unsupported("the NATS bucket was opened read-only (kine-rs inspect or migrate)".into()));
+        }
+        self.check_open()
     }
 
     /// Fails at once when stopped or while the NATS connection is down (requests must not

@@ -40,11 +40,11 @@ fn no_datastore_tls(cli: &Cli, kind: &str) -> Result<()> {
 
 /// A running embedded NATS server, or nothing (feature off, or another datastore).
 #[cfg(feature = "embedded-nats")]
-type Embedded = Option<crate::embedded::Embedded>;
+pub(crate) type Embedded = Option<crate::embedded::Embedded>;
 #[cfg(not(feature = "embedded-nats"))]
-type Embedded = Option<std::convert::Infallible>;
+pub(crate) type Embedded = Option<std::convert::Infallible>;
 
-async fn shutdown_embedded(embedded: Embedded) {
+pub(crate) async fn shutdown_embedded(embedded: Embedded) {
     #[cfg(feature = "embedded-nats")]
     if let Some(e) = embedded {
         e.shutdown().await;
@@ -55,16 +55,16 @@ async fn shutdown_embedded(embedded: Embedded) {
 
 /// The embedded server, which answers the NATS backend's read barriers in-process.
 #[cfg(feature = "embedded-nats")]
-fn local_server(embedded: &Embedded) -> Option<Arc<dyn kine_backend_nats::LocalServer>> {
+pub(crate) fn local_server(embedded: &Embedded) -> Option<Arc<dyn kine_backend_nats::LocalServer>> {
     embedded.as_ref().map(crate::embedded::Embedded::local)
 }
 #[cfg(not(feature = "embedded-nats"))]
-fn local_server(_: &Embedded) -> Option<Arc<dyn kine_backend_nats::LocalServer>> {
+pub(crate) fn local_server(_: &Embedded) -> Option<Arc<dyn kine_backend_nats::LocalServer>> {
     None
 }
 
 #[cfg(feature = "embedded-nats")]
-async fn start_embedded(
+pub(crate) async fn start_embedded(
     config: kine_backend_nats::config::NatsConfig,
     max_request_bytes: usize,
     stop: &Shutdown,
@@ -77,7 +77,7 @@ async fn start_embedded(
 }
 
 #[cfg(not(feature = "embedded-nats"))]
-async fn start_embedded(
+pub(crate) async fn start_embedded(
     config: kine_backend_nats::config::NatsConfig,
     _max_request_bytes: usize,
     _stop: &Shutdown,
@@ -172,7 +172,7 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             let max_request_bytes = cli.max_request_bytes as usize;
             let (embedded, config) = start_embedded(*config, max_request_bytes, stop).await?;
             let local = local_server(&embedded);
-            let options = kine_backend_nats::NatsOptions { config, tls, max_request_bytes, local };
+            let options = kine_backend_nats::NatsOptions { config, tls, max_request_bytes, local, read_only: false };
             // Opening waits for NATS (connection, a forming cluster, loading the bucket): a
             // shutdown signal ends the wait.
             let mut stop = stop.clone();

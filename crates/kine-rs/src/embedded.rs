@@ -15,13 +15,41 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Where JetStream keeps its files unless `dataDir` or the config file say otherwise: next to
-/// the default SQLite database.
-pub const DEFAULT_DATA_DIR: &str = "./db/nats";
+pub use crate::endpoint::DEFAULT_NATS_DATA_DIR as DEFAULT_DATA_DIR;
 
 /// A running embedded server; shut it down after the backend is closed.
 pub struct Embedded {
     server: Arc<EmbeddedServer>,
+    /// The lock on its store, held while it runs (see [`lock_store`]).
+    _store_lock: Option<std::fs::File>,
+}
+
+/// The file in a store directory that a process holds locked while its embedded server uses
+/// the store: nats-server itself does not stop a second server from opening the same files.
+pub const STORE_LOCK: &str = "kine-rs.lock";
+
+/// Locks the store directory `dir` (created if missing) for this process, or says which
+/// lock another process holds.
+fn lock_store(dir: &std::path::Path) -> Result<std::fs::File> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow!("--endpoint: cannot create the NATS store {}: {e}", dir.display()))?;
+    let path = dir.join(STORE_LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| anyhow!("--endpoint: cannot open {}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "--endpoint: the NATS store {} is in use by another process (it holds {}): is a kine-rs still running on \
+             it? (dataDir names another store)",
+            dir.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => bail!("--endpoint: cannot lock {}: {e}", path.display()),
+    }
 }
 
 impl Embedded {
@@ -123,12 +151,17 @@ pub async fn start(cfg: NatsConfig, max_request_bytes: usize, stop: &Shutdown) -
         sync_interval: cfg.sync_interval,
         max_payload: Some(max_payload(max_request_bytes)),
     };
+    // The store a config file names is known once the server runs (and is locked then).
+    let early_lock = match &options.config_file {
+        None => Some(lock_store(options.store_dir.as_ref().unwrap_or(&options.default_store_dir))?),
+        Some(_) => None,
+    };
     let started = Instant::now();
     let server = tokio::task::spawn_blocking(move || kine_nats_embed::start(&options))
         .await?
         .map_err(|e| anyhow!("--endpoint: cannot start the embedded NATS server: {e}"))?;
     let server = Arc::new(server);
-    let embedded = Embedded { server: server.clone() };
+    let mut embedded = Embedded { server: server.clone(), _store_lock: early_lock };
     let mut last_report = Instant::now();
     loop {
         let s = server.clone();
@@ -159,6 +192,18 @@ pub async fn start(cfg: NatsConfig, max_request_bytes: usize, stop: &Shutdown) -
         }
     }
     let info = server.info().map_err(|e| anyhow!(e))?;
+    if embedded._store_lock.is_none() && !info.store_dir.is_empty() {
+        // nats-server keeps JetStream in `<store_dir>/jetstream`.
+        let dir = PathBuf::from(&info.store_dir);
+        let dir = if dir.ends_with("jetstream") { dir.parent().map(PathBuf::from).unwrap_or(dir) } else { dir };
+        match lock_store(&dir) {
+            Ok(lock) => embedded._store_lock = Some(lock),
+            Err(e) => {
+                embedded.shutdown().await;
+                return Err(e);
+            }
+        }
+    }
     let auth = if !info.uses_given_credentials() {
         "from serverConfig"
     } else if matches!(cfg.credentials, Credentials::None) {

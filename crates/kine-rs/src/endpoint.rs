@@ -24,6 +24,10 @@ pub enum Endpoint {
 /// Whether this binary has the embedded NATS server (cargo feature `embedded-nats`).
 pub const EMBEDDED_NATS: bool = cfg!(feature = "embedded-nats");
 
+/// Where JetStream keeps its files unless `dataDir` or the config file say otherwise: next to
+/// the default SQLite database.
+pub const DEFAULT_NATS_DATA_DIR: &str = "./db/nats";
+
 /// Whether a `nats://` endpoint asks for the embedded server: always in a build that has it,
 /// unless `noEmbed` is given.
 pub fn wants_embedded(cfg: &kine_backend_nats::config::NatsConfig) -> bool {

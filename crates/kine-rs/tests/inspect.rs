@@ -1,12 +1,14 @@
-//! `kine-rs inspect` on SQLite, PostgreSQL and MariaDB, while kine-rs serves the database and
-//! after it stopped: every answer is checked against what the server itself answers over the
-//! etcd API (keys at a revision, the events of a watch from the compact revision), and the
-//! stopped database is unchanged by it (SQLite's files; the SQL databases' rows).
+//! `kine-rs inspect` on SQLite, PostgreSQL, MariaDB and NATS (an external server, and a stopped
+//! node's embedded one), while kine-rs serves the datastore and after it stopped: every answer
+//! is checked against what the server itself answers over the etcd API (keys at a revision, the
+//! events of a watch from the compact revision), and the stopped datastore is unchanged by it
+//! (SQLite's files; the SQL databases' rows; the NATS streams' contents and settings).
 
 mod common;
 use base64::Engine as _;
 use common::*;
 use kine_testkit::mysql::MariaDbServer;
+use kine_testkit::nats::NatsServer;
 use kine_testkit::postgres::PgServer;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -155,10 +157,14 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
-/// A kine-rs on `endpoint` loaded with [`history::load`]; inspect answers as it does while it serves and
-/// after it stopped, when `unchanged` (the datastore's state, read around the second round)
-/// must not change.
-async fn served_then_stopped(endpoint: &str, unchanged: impl Fn() -> String) {
+/// A kine-rs on `endpoint` loaded with [`history::load`]; inspect answers as it does while it serves
+/// (or, given `refused`, is refused with that text) and after it stopped, when `unchanged` (the
+/// datastore's state, read around the second round) must not change.
+async fn served_then_stopped<F, Fut>(endpoint: &str, refused: Option<&str>, unchanged: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
     let mut server = Server::start(&["--endpoint", endpoint]);
     let mut c = server.client().await;
     let (compact, middle) = history::load(&mut c).await;
@@ -173,13 +179,19 @@ async fn served_then_stopped(endpoint: &str, unchanged: impl Fn() -> String) {
         keys,
     };
     assert!(served.keys.len() > 2000 && served.at_compact.len() > 2000, "more than two pages");
-    answers_as_served(endpoint, &served);
+    match refused {
+        None => answers_as_served(endpoint, &served),
+        Some(says) => {
+            let err = inspect(endpoint, &["status"]).unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
+    }
 
     drop(c);
     assert!(server.stop("TERM").await.success());
-    let before = unchanged();
+    let before = unchanged().await;
     answers_as_served(endpoint, &served);
-    assert!(before == unchanged(), "inspect changed the stopped datastore");
+    assert!(before == unchanged().await, "inspect changed the stopped datastore");
 
     // Served again, it takes writes as before: inspect left nothing behind.
     let again = Server::start(&["--endpoint", endpoint]);
@@ -190,7 +202,8 @@ async fn served_then_stopped(endpoint: &str, unchanged: impl Fn() -> String) {
 #[tokio::test]
 async fn inspect_reads_sqlite_served_and_stopped_as_the_server_does() {
     let dir = TempDir::new("inspect");
-    served_then_stopped(&db_endpoint(dir.path()), || format!("{:?}", files(dir.path()))).await;
+    served_then_stopped(&db_endpoint(dir.path()), None, || std::future::ready(format!("{:?}", files(dir.path()))))
+        .await;
 }
 
 /// Every table of the kine-rs store, whole (rows in a fixed order).
@@ -205,16 +218,59 @@ const DUMP: [&str; 5] = [
 #[tokio::test]
 async fn inspect_reads_postgres_served_and_stopped_as_the_server_does() {
     let pg = PgServer::start();
-    served_then_stopped(&pg.url("inspect"), || DUMP.map(|q| pg.sql("inspect", q)).join("\n")).await;
+    served_then_stopped(&pg.url("inspect"), None, || std::future::ready(DUMP.map(|q| pg.sql("inspect", q)).join("\n")))
+        .await;
 }
 
 #[tokio::test]
 async fn inspect_reads_mariadb_served_and_stopped_as_the_server_does() {
     let db = MariaDbServer::start();
-    served_then_stopped(&db.url("inspect"), || {
-        DUMP.map(|q| db.root_sql(&format!("USE inspect; {}", q.replace(" key", " `key`")))).join("\n")
+    served_then_stopped(&db.url("inspect"), None, || {
+        std::future::ready(
+            DUMP.map(|q| db.root_sql(&format!("USE inspect; {}", q.replace(" key", " `key`")))).join("\n"),
+        )
     })
     .await;
+}
+
+/// The state of a bucket's two streams (what they hold, and the settings kine-rs may change).
+async fn streams(nats: &NatsServer, bucket: &str) -> String {
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let mut out = String::new();
+    for name in [format!("KV_{bucket}"), format!("KV_{bucket}-meta")] {
+        let info = js.get_stream(&name).await.unwrap().info().await.unwrap().clone();
+        let (s, c) = (&info.state, &info.config);
+        out += &format!(
+            "{name}: {} messages {}..{} {} bytes; window {:?} history {} replicas {}\n",
+            s.messages,
+            s.first_sequence,
+            s.last_sequence,
+            s.bytes,
+            c.duplicate_window,
+            c.max_messages_per_subject,
+            c.num_replicas
+        );
+    }
+    out
+}
+
+#[tokio::test]
+async fn inspect_reads_a_nats_bucket_served_and_stopped_as_the_server_does() {
+    let nats = NatsServer::start();
+    let endpoint = format!("{}?noEmbed&bucket=inspect", nats.url());
+    served_then_stopped(&endpoint, None, || streams(&nats, "inspect")).await;
+}
+
+/// Without `?noEmbed`, inspect starts the embedded server on a stopped node's store; a store
+/// a node still runs on is refused (two NATS servers must never open the same files).
+#[tokio::test]
+async fn inspect_reads_a_stopped_embedded_nats_store_and_refuses_a_running_one() {
+    let dir = TempDir::new("inspect-nats");
+    let endpoint = format!("nats://?dataDir={}", dir.path().display());
+    let locked = format!("the NATS store {} is in use by another process", dir.path().display());
+    // The store's state is checked by serving it again afterwards (the embedded server rewrites
+    // its own files when it stops, so they are not compared).
+    served_then_stopped(&endpoint, Some(&locked), || std::future::ready(String::new())).await;
 }
 
 #[test]
@@ -229,13 +285,41 @@ fn inspect_refuses_what_it_cannot_read_and_creates_nothing() {
     let err = inspect(&endpoint, &["list"]).unwrap_err();
     assert!(err.contains("is this an SQLite database?"), "{err}");
 
-    for (endpoint, says) in [
-        ("nats://127.0.0.1:4222?noEmbed", "a NATS bucket is read through a kine-rs serving it"),
-        ("memory://", "nothing to read"),
-    ] {
-        let err = inspect(endpoint, &["status"]).unwrap_err();
-        assert!(err.contains(says), "{endpoint}: {err}");
-    }
+    let err = inspect("memory://", &["status"]).unwrap_err();
+    assert!(err.contains("nothing to read"), "{err}");
+
+    // A NATS server without the bucket, or with an empty one: nothing is created or written.
+    let nats = NatsServer::start();
+    let missing = format!("{}?noEmbed&bucket=missing", nats.url());
+    let err = inspect(&missing, &["status"]).unwrap_err();
+    assert!(err.contains("no bucket missing on this NATS server (stream KV_missing not found)"), "{err}");
+    let stopped = TempDir::new("inspect-nats");
+    let embedded = format!("nats://?dataDir={}", stopped.path().display());
+    let err = inspect(&embedded, &["list"]).unwrap_err();
+    assert!(err.contains(&format!("no NATS store in {} (dataDir)", stopped.path().display())), "{err}");
+    assert!(files(stopped.path()).is_empty(), "created {:?}", files(stopped.path()).keys());
+    let err = inspect("nats://?serverConfig=/etc/hosts", &["list"]).unwrap_err();
+    assert!(err.contains("serverConfig /etc/hosts: kine-rs starts an embedded NATS server"), "{err}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        let names: Vec<String> = futures_util::TryStreamExt::try_collect(js.stream_names()).await.unwrap();
+        assert!(names.is_empty(), "created {names:?}");
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "KV_empty".into(),
+            subjects: vec!["$KV.empty.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+    let err = inspect(&format!("{}?noEmbed&bucket=empty", nats.url()), &["status"]).unwrap_err();
+    assert!(err.contains("bucket empty is empty: no kine-rs store has been written in it"), "{err}");
+    let count = rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        js.get_stream("KV_empty").await.unwrap().info().await.unwrap().state.messages
+    });
+    assert_eq!(count, 0, "inspect wrote into the empty bucket");
 }
 
 /// A database that does not exist is not created; one without a kine-rs store gets no tables.

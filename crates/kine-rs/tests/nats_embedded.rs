@@ -592,3 +592,33 @@ async fn leaf_node_connects_the_embedded_server_to_a_hub() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Two nodes never open one store (nats-server would let them): the second is refused at
+/// start, naming the store and its lock, and the first serves on.
+#[tokio::test]
+async fn a_second_node_on_the_same_store_is_refused() {
+    let dir = TempDir::new("nats-lock");
+    let endpoint = format!("nats://?dataDir={}", dir.path().display());
+    let first = Server::start(&["--endpoint", &endpoint]);
+    let mut c = first.client().await;
+    c.put("/a", "1", None).await.unwrap();
+    // Bounded: a second node that started would serve until killed.
+    let (ok, _, log) = common::run(std::process::Command::new("timeout").args([
+        "30",
+        &common::server_bin(),
+        "--endpoint",
+        &endpoint,
+        "--listen-address",
+        "127.0.0.1:0",
+        "--metrics-bind-address",
+        "127.0.0.1:0",
+    ]));
+    let lock = dir.path().join("kine-rs.lock");
+    assert!(
+        !ok && log.contains(&format!("the NATS store {} is in use by another process", dir.path().display()))
+            && log.contains(&lock.display().to_string()),
+        "{log}"
+    );
+    let put = c.put("/a", "2", None).await.unwrap();
+    assert_eq!(put.header().unwrap().revision(), 3);
+}

@@ -49,7 +49,7 @@ impl Backend for NatsBackend {
     }
 
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
-        self.inner.check_open()?;
+        self.inner.check_writable()?;
         if !matches!(op, WriteOp::Txn(_))
             && let Some(refusal) = self.inner.role().refusal()
         {
@@ -69,6 +69,7 @@ impl Backend for NatsBackend {
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.inner.check_writable()?;
         self.inner.compact(revision).await
     }
 
@@ -116,10 +117,12 @@ impl Backend for NatsBackend {
     }
 
     async fn auth_replace(&self, expected: Option<u64>, data: Vec<u8>) -> Result<bool> {
+        self.inner.check_writable()?;
         self.inner.auth_replace(expected, data).await
     }
 
     async fn member_put(&self, id: u64, record: Vec<u8>) -> Result<()> {
+        self.inner.check_writable()?;
         self.inner.member_put(id, record).await
     }
 
@@ -128,10 +131,12 @@ impl Backend for NatsBackend {
     }
 
     async fn member_delete(&self, id: u64) -> Result<()> {
+        self.inner.check_writable()?;
         self.inner.member_delete(id).await
     }
 
     async fn lease_renew(&self, id: LeaseId, ttl: i64) -> Result<()> {
+        self.inner.check_writable()?;
         self.inner.lease_renew(id, ttl).await
     }
 
@@ -151,7 +156,7 @@ impl Backend for NatsBackend {
     }
 
     async fn promote(&self) -> Result<Promotion> {
-        self.inner.check_open()?;
+        self.inner.check_writable()?;
         let promotion = self.inner.promote().await?;
         if !promotion.origin_fenced {
             self.inner.start_fencing();

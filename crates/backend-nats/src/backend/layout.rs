@@ -103,11 +103,20 @@ pub(super) fn stream_name(bucket: &str) -> String {
 }
 
 /// Opens `KV_<bucket>` and `<bucket>-meta`, creating them if missing: a bucket of its own, or
-/// with `mirror=` a read-only copy.
-pub(super) async fn open(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Result<Opened> {
+/// with `mirror=` a read-only copy. `read_only`: nothing is created or changed, and a bucket
+/// that is missing or was never written is an error.
+pub(super) async fn open(js: &jetstream::Context, cfg: &NatsConfig, read_only: bool) -> anyhow::Result<Opened> {
     let name = stream_name(&cfg.bucket);
     let mut stream = match js.get_stream(&name).await {
         Ok(s) => s,
+        Err(e) if not_found(&e) && read_only => {
+            return Err(Final(format!(
+                "no bucket {} on this NATS server (stream {name} not found): nothing to read (?bucket=NAME names \
+                 another)",
+                cfg.bucket
+            ))
+            .into());
+        }
         Err(e) if not_found(&e) => match &cfg.mirror {
             Some(origin) => create_mirror(js, cfg, &Origin::wanted(origin, &cfg.mirror_source)).await?,
             None => create_bucket(js, cfg).await?,
@@ -131,9 +140,9 @@ pub(super) async fn open(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::R
     };
     let (stored, birth) = match &origin {
         Some(origin) => wait_for_marker(js, &stream, &cfg.bucket, origin).await?,
-        None => own_marker(js, &stream, cfg, &info).await?,
+        None => own_marker(js, &stream, cfg, &info, read_only).await?,
     };
-    let meta = open_meta(js, cfg, &stored, copy.then_some(origin.as_ref()).flatten()).await?;
+    let meta = open_meta(js, cfg, &stored, copy.then_some(origin.as_ref()).flatten(), read_only).await?;
     let limit = info.config.max_messages_per_subject.max(0);
     if copy && limit > 0 {
         tracing::warn!(
@@ -153,7 +162,7 @@ pub(super) async fn open(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::R
     if !copy && !info.config.allow_atomic_publish {
         tracing::warn!(stream = %name, "atomic batch publish is off on this stream; writes that change several keys will fail");
     }
-    if !copy && info.config.duplicate_window > DEDUPE_WINDOW {
+    if !copy && !read_only && info.config.duplicate_window > DEDUPE_WINDOW {
         shorten_dedupe_window(js, &info.config).await;
     }
     // A promoted copy remembers its origin (for the fence, `promote.rs`).
@@ -330,6 +339,7 @@ async fn own_marker(
     stream: &stream::Stream,
     cfg: &NatsConfig,
     info: &stream::Info,
+    read_only: bool,
 ) -> anyhow::Result<(String, i64)> {
     let write = format!("$KV.{}.>", cfg.bucket);
     let stored = match &info.config.subject_transform {
@@ -352,6 +362,11 @@ async fn own_marker(
         Ok(m) => return Ok((stored, birth(&m))),
         Err(e) if e.kind() != stream::LastRawMessageErrorKind::NoMessageFound => {
             return Err(anyhow!("read bucket {}'s marker: {e}", cfg.bucket));
+        }
+        Err(_) if info.state.messages == 0 && info.state.last_sequence == 0 && read_only => {
+            return Err(
+                Final(format!("bucket {} is empty: no kine-rs store has been written in it", cfg.bucket)).into()
+            );
         }
         Err(_) if info.state.messages == 0 && info.state.last_sequence == 0 && stored == cfg.bucket => {
             // The first kine-rs on this bucket writes the marker; the expectation makes sure
@@ -387,6 +402,7 @@ async fn open_meta(
     cfg: &NatsConfig,
     stored: &str,
     copy_of: Option<&Origin>,
+    read_only: bool,
 ) -> anyhow::Result<kv::Store> {
     let name = format!("{}-meta", cfg.bucket);
     let stream_name = stream_name(&name);
@@ -397,6 +413,14 @@ async fn open_meta(
     };
     let mut stream = match (existing, copy_of) {
         (Some(s), _) => s,
+        (None, _) if read_only => {
+            return Err(Final(format!(
+                "bucket {} has no {name} bucket (its compact revision and leases): not a kine-rs store, or one \
+                 still being created",
+                cfg.bucket
+            ))
+            .into());
+        }
         (None, Some(origin)) => {
             let config = stream::Config {
                 name: stream_name.clone(),
@@ -443,6 +467,9 @@ async fn open_meta(
             self::stream_name(&cfg.bucket),
             origin.describe()
         ),
+        (Some(_), None) if read_only => {
+            tracing::warn!(stream = %stream_name, "the meta bucket's promotion was interrupted; read as it is");
+        }
         (Some(_), None) => {
             // The bucket's stream was promoted but its meta bucket not yet: finish.
             tracing::warn!(stream = %stream_name, "finishing an interrupted promotion of the meta bucket");

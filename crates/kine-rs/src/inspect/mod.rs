@@ -2,15 +2,16 @@
 //! a kine-rs is serving at the same time — and prints its keys, a key's history, or what
 //! changed between two revisions (docs/operations.md, "Inspecting a datastore").
 //!
-//! SQLite is opened read-only ([`kine_backend_sql::SqliteBackend::open_read_only`]): nothing is
-//! created, migrated or written. Every read goes through the [`Backend`] trait, as a server's do.
+//! The datastore is opened read-only (`open.rs`): nothing is created, migrated or written.
+//! Every read goes through the [`Backend`] trait, as a server's do.
 
+mod open;
 mod print;
 
+pub use open::{ReadOnly, open_read_only};
 pub use print::Output;
 
 use crate::cli::Cli;
-use crate::endpoint::{self, Endpoint};
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
 use kine_core::lock::prefix_range;
@@ -66,24 +67,25 @@ pub enum InspectCommand {
 const WINDOW: Revision = 10_000;
 
 pub async fn run(cli: &Cli, output: Output, command: &InspectCommand) -> Result<()> {
-    let backend = open_read_only("--endpoint", &cli.endpoint, cli).await?;
+    let opened = open_read_only("--endpoint", &cli.endpoint, cli).await?;
+    let backend = opened.backend();
     let mut out = Printer::new(output);
     let result = match command {
-        InspectCommand::Status => status(backend.as_ref(), &mut out).await,
+        InspectCommand::Status => status(backend, &mut out).await,
         InspectCommand::List { prefix, revision, values } => {
-            list(backend.as_ref(), &mut out, range_of(prefix.as_deref()), *revision, *values).await
+            list(backend, &mut out, range_of(prefix.as_deref()), *revision, *values).await
         }
-        InspectCommand::Get { key, revision } => get(backend.as_ref(), &mut out, key, *revision).await,
+        InspectCommand::Get { key, revision } => get(backend, &mut out, key, *revision).await,
         InspectCommand::History { key, prefix, values } => {
             let range = if *prefix { prefix_range(key.as_bytes().to_vec()) } else { KeyRange::single(key.as_str()) };
-            history(backend.as_ref(), &mut out, range, *values).await
+            history(backend, &mut out, range, *values).await
         }
         InspectCommand::Diff { from, to, prefix } => {
-            diff(backend.as_ref(), &mut out, range_of(prefix.as_deref()), *from, *to).await
+            diff(backend, &mut out, range_of(prefix.as_deref()), *from, *to).await
         }
     };
     let result = result.and_then(|()| out.flush().context("write to stdout"));
-    backend.close().await;
+    opened.close().await;
     match result {
         // `kine-rs inspect list | head`: the reader has what it wanted.
         Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) => {
@@ -91,44 +93,6 @@ pub async fn run(cli: &Cli, output: Output, command: &InspectCommand) -> Result<
         }
         other => other,
     }
-}
-
-/// The datastore `endpoint` names, opened read-only (nothing created, nothing written); the
-/// SQL pool and TLS flags come from `cli`.
-pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<Box<dyn Backend>> {
-    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::app::pool_options(cli) };
-    let tls = crate::app::sql_tls(cli);
-    Ok(match endpoint::parse(endpoint).map_err(|e| anyhow::anyhow!("{flag}: {e}"))? {
-        Endpoint::Sqlite { path } => Box::new(
-            kine_backend_sql::SqliteBackend::open_read_only(&path)
-                .with_context(|| format!("{flag}: cannot read it"))?,
-        ),
-        Endpoint::Postgres { url } => {
-            let options = kine_backend_sql::PostgresOptions { url, pool, tls };
-            Box::new(
-                tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open_read_only(options))
-                    .await
-                    .context("open PostgreSQL")?
-                    .with_context(|| flag.to_string())?,
-            )
-        }
-        Endpoint::Mysql { url } => {
-            let options = kine_backend_sql::MysqlOptions { url, pool, tls };
-            Box::new(
-                tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open_read_only(options))
-                    .await
-                    .context("open MySQL")?
-                    .with_context(|| flag.to_string())?,
-            )
-        }
-        Endpoint::Memory => {
-            bail!("{flag}: memory:// holds nothing once its server stops; there is nothing to read")
-        }
-        Endpoint::Nats(_) => bail!(
-            "{flag}: kine-rs reads SQLite, PostgreSQL and MySQL datastores directly; a NATS bucket is read through \
-             a kine-rs serving it (etcdctl get --rev, etcdctl watch --rev)"
-        ),
-    })
 }
 
 fn range_of(prefix: Option<&str>) -> KeyRange {

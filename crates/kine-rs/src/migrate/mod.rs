@@ -19,6 +19,7 @@ mod progress;
 
 use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
+use crate::inspect::ReadOnly;
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
 use kine_core::members::{Identity, Members};
@@ -44,8 +45,8 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
     if from == to {
         bail!("--from and --to name the same datastore");
     }
-    let source: Box<dyn Backend> = if from.starts_with("http://") || from.starts_with("https://") {
-        Box::new(etcd::EtcdSource::connect(from, etcd_tls(from, cli)?).await.context("--from")?)
+    let source = if from.starts_with("http://") || from.starts_with("https://") {
+        ReadOnly::new(Box::new(etcd::EtcdSource::connect(from, etcd_tls(from, cli)?).await.context("--from")?))
     } else {
         crate::inspect::open_read_only("--from", from, cli).await?
     };
@@ -57,7 +58,7 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
         }
     };
     let result = match unserved(&target).await {
-        Ok(()) => copy(source.as_ref(), target.as_ref(), current_only).await,
+        Ok(()) => copy(source.backend(), target.as_ref(), current_only).await,
         Err(err) => Err(err),
     };
     target.close().await;

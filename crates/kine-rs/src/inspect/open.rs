@@ -1,0 +1,116 @@
+//! A datastore opened only to be read, by `kine-rs inspect` and as `kine-rs migrate`'s source:
+//! nothing is created, migrated or written, and a datastore that is missing is an error.
+//!
+//! - SQLite: the file, opened read-only.
+//! - PostgreSQL and MySQL: read-only transactions; a database without a kine-rs store is refused.
+//! - NATS: the bucket, read through a NATS server (`?noEmbed`: the server or cluster named, while
+//!   kine-rs serves it or not). Without `?noEmbed`, the embedded server of a stopped single
+//!   node is started on its store (`dataDir`), on a random loopback port that only this
+//!   process knows, and stopped afterwards.
+
+use crate::app::Embedded;
+use crate::cli::Cli;
+use crate::endpoint::{self, Endpoint};
+use anyhow::{Context, Result, bail};
+use kine_core::backend::Backend;
+
+/// A datastore opened read-only, with the embedded NATS server it was read through, if any.
+pub struct ReadOnly {
+    backend: Box<dyn Backend>,
+    embedded: Embedded,
+}
+
+impl ReadOnly {
+    pub fn new(backend: Box<dyn Backend>) -> ReadOnly {
+        ReadOnly { backend, embedded: None }
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    pub async fn close(self) {
+        self.backend.close().await;
+        crate::app::shutdown_embedded(self.embedded).await;
+    }
+}
+
+/// The datastore `endpoint` names, opened read-only; the SQL pool and the TLS flags come from
+/// `cli`. Errors name `flag`.
+pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<ReadOnly> {
+    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::app::pool_options(cli) };
+    let tls = crate::app::sql_tls(cli);
+    let backend: Box<dyn Backend> = match endpoint::parse(endpoint).map_err(|e| anyhow::anyhow!("{flag}: {e}"))? {
+        Endpoint::Sqlite { path } => Box::new(
+            kine_backend_sql::SqliteBackend::open_read_only(&path)
+                .with_context(|| format!("{flag}: cannot read it"))?,
+        ),
+        Endpoint::Postgres { url } => {
+            let options = kine_backend_sql::PostgresOptions { url, pool, tls };
+            Box::new(
+                tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open_read_only(options))
+                    .await
+                    .context("open PostgreSQL")?
+                    .with_context(|| flag.to_string())?,
+            )
+        }
+        Endpoint::Mysql { url } => {
+            let options = kine_backend_sql::MysqlOptions { url, pool, tls };
+            Box::new(
+                tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open_read_only(options))
+                    .await
+                    .context("open MySQL")?
+                    .with_context(|| flag.to_string())?,
+            )
+        }
+        Endpoint::Memory => {
+            bail!("{flag}: memory:// holds nothing once its server stops; there is nothing to read")
+        }
+        Endpoint::Nats(config) => return nats(flag, *config, cli).await,
+    };
+    Ok(ReadOnly::new(backend))
+}
+
+async fn nats(flag: &str, mut config: kine_backend_nats::config::NatsConfig, cli: &Cli) -> Result<ReadOnly> {
+    if cli.skip_verify {
+        bail!("--skip-verify is not supported with nats:// (give the server's CA with --ca-file)");
+    }
+    let embedded = endpoint::wants_embedded(&config);
+    if embedded {
+        if let Some(file) = &config.server_config {
+            bail!(
+                "{flag}: serverConfig {}: kine-rs starts an embedded NATS server to read a stopped node's store only \
+                 without a config file (a cluster's or a leaf node's store is read through one of its servers: \
+                 nats://HOST:PORT?noEmbed)",
+                file.display()
+            );
+        }
+        let dir = config.data_dir.clone().unwrap_or_else(|| crate::endpoint::DEFAULT_NATS_DATA_DIR.into());
+        if !dir.join("jetstream").is_dir() {
+            bail!("{flag}: no NATS store in {} (dataDir): nothing to read", dir.display());
+        }
+        // Its own server: on loopback, on a random port, with a token only this process knows.
+        config.servers.clear();
+        config.credentials = kine_backend_nats::config::Credentials::None;
+    }
+    let tls = kine_backend_nats::connect::ClientTls {
+        ca_file: cli.ca_file.clone(),
+        cert_file: cli.cert_file.clone(),
+        key_file: cli.key_file.clone(),
+    };
+    let max_request_bytes = cli.max_request_bytes as usize;
+    let (_trigger, stop) = crate::app::shutdown_channel();
+    // Its errors name --endpoint, which is `flag` here.
+    let (embedded, config) = crate::app::start_embedded(config, max_request_bytes, &stop)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replacen("--endpoint: ", &format!("{flag}: "), 1)))?;
+    let local = crate::app::local_server(&embedded);
+    let options = kine_backend_nats::NatsOptions { config, tls, max_request_bytes, local, read_only: true };
+    match kine_backend_nats::NatsBackend::open(options).await {
+        Ok(backend) => Ok(ReadOnly { backend: Box::new(backend), embedded }),
+        Err(e) => {
+            crate::app::shutdown_embedded(embedded).await;
+            Err(e.context(format!("{flag}: cannot read the NATS bucket")))
+        }
+    }
+}
