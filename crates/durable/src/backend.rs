@@ -32,12 +32,23 @@ impl Durable {
         }
     }
 
-    /// Waits until everything committed so far is in object storage.
+    /// Waits until everything committed so far is in object storage, uploaded while this node
+    /// still held the writer lock: an upload that S3 completed after the lease ran out may
+    /// have come after another node started its term from what S3 held, and is not part of the
+    /// store's history (restore skips it), so the write is not acknowledged.
     async fn flush(&self) -> Result<()> {
         let (tell, told) = oneshot::channel();
         let stopped = || Error::Unavailable("shipping to S3 has stopped".into());
         self.handle.flush.send(tell).await.map_err(|_| stopped())?;
-        told.await.map_err(|_| stopped())
+        told.await.map_err(|_| stopped())?;
+        if !self.handle.held.borrow().valid() {
+            return Err(Error::Unavailable(
+                "etcdserver: request timed out (the write reached S3 after this node's writer lock ran out; another \
+                 node may have taken over without it)"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -26,6 +26,48 @@ pub struct Restored {
     pub versions: usize,
     /// The last segment applied: (term, number).
     pub last_segment: (u64, u64),
+    /// Segments skipped: uploaded by a writer after the next term had started (see
+    /// [`NextTerms`]).
+    pub zombies: usize,
+}
+
+/// Where each term's history starts: the first revision of its segment 1. A writer that lost
+/// the lock may still have had an upload in flight, which S3 completed after the next writer
+/// had read the prefix and started its term from the revision before it: that segment of the
+/// old term starts at or after the new term's first revision, and is not part of the history.
+#[derive(Default)]
+struct NextTerms {
+    /// Term → the first revision of its segment 1 (`None`: no segment 1 listed).
+    first: std::collections::HashMap<u64, Option<Revision>>,
+}
+
+impl NextTerms {
+    /// Whether `names[0]`, next in line and to start at `revision`, belongs to a term a later
+    /// one superseded from that revision on (`names`: the segments still to apply, sorted).
+    async fn superseded(
+        &mut self,
+        store: &dyn ObjectStore,
+        names: &[(u64, u64)],
+        revision: Revision,
+    ) -> anyhow::Result<bool> {
+        let term = names[0].0;
+        let Some(&(later, _)) = names.iter().find(|n| n.0 > term) else { return Ok(false) };
+        let first = match self.first.get(&later) {
+            Some(first) => *first,
+            None => {
+                let first = if names.contains(&(later, 1)) {
+                    let object = segment::object_name(later, 1);
+                    let body = store.get(&object).await?.ok_or_else(|| anyhow::anyhow!("{object} vanished"))?;
+                    Some(Segment::decode(&body.body).map_err(|err| anyhow::anyhow!("{object}: {err}"))?.first_revision)
+                } else {
+                    None
+                };
+                self.first.insert(later, first);
+                first
+            }
+        };
+        Ok(first.is_some_and(|first| revision >= first))
+    }
 }
 
 fn e(err: kine_core::Error) -> anyhow::Error {
@@ -118,11 +160,20 @@ pub async fn restore(
     let mut names: Vec<(u64, u64)> = store.list("wal/").await?.iter().filter_map(|n| segment::parse_name(n)).collect();
     names.sort();
     let after = done.last_segment;
-    for name in names.into_iter().filter(|n| *n > after) {
+    let names: Vec<(u64, u64)> = names.into_iter().filter(|n| *n > after).collect();
+    let mut next_terms = NextTerms::default();
+    for (i, &name) in names.iter().enumerate() {
         if done.revision >= until {
             break;
         }
         let object = segment::object_name(name.0, name.1);
+        if next_terms.superseded(store, &names[i..], done.revision + 1).await? {
+            // Uploaded by a writer that had lost the lock (its upload reached S3 only after the
+            // next writer had started from what was there): nothing in it was acknowledged.
+            tracing::warn!(object = %object, "skipped a segment its writer uploaded after losing the writer lock");
+            done.zombies += 1;
+            continue;
+        }
         // Numbers run from 1 in each term without a gap: a missing segment that carried no
         // revision (a lease or auth change) is found too.
         let expected = if name.0 == done.last_segment.0 { done.last_segment.1 + 1 } else { 1 };
