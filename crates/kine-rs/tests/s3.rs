@@ -372,3 +372,64 @@ async fn an_empty_database_takes_over_a_prefix_that_never_wrote() {
     c.put("k", "v", None).await.unwrap();
     assert_eq!(everything(&mut c).await.0, 2, "{}", node.log());
 }
+
+/// A standby on the same folder (waiting for the writer lock, not serving) takes over when the
+/// writer is killed mid-load: within the lease plus a restore, with every write the writer
+/// acknowledged (`--s3-sync`), revisions going on from there; the killed writer's database is
+/// then another store's, refused. Prints `S3-TAKEOVER` with the measured time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_a_killed_writer_with_every_acknowledged_write() {
+    let server = S3Server::start(&["kine"]);
+    let s3 = s3_args(&server, "standby");
+    let (first, second) = (TempDir::new("s3-writer"), TempDir::new("s3-standby"));
+    let writer = start(first.path(), &s3, &["--s3-sync"]);
+    let mut c = writer.client().await;
+    c.put("/registry/pods/first", "0", None).await.unwrap();
+
+    // Writes, each remembered once acknowledged, until the writer is gone.
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let load = tokio::spawn({
+        let (mut c, acked) = (c.clone(), acked.clone());
+        async move {
+            for i in 0.. {
+                let key = format!("/registry/pods/w{i:05}");
+                match c.put(key.as_str(), format!("v{i}"), None).await {
+                    Ok(r) => acked.lock().unwrap().push((key, r.header().unwrap().revision())),
+                    Err(_) => return i,
+                }
+            }
+            unreachable!()
+        }
+    });
+    let standby = {
+        let (dir, s3) = (second.path().to_path_buf(), s3.clone());
+        tokio::task::spawn_blocking(move || start(&dir, &s3, &[]))
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    writer.signal("KILL");
+    let killed = std::time::Instant::now();
+    let attempted = load.await.unwrap();
+    let standby = standby.await.unwrap();
+    let took = killed.elapsed();
+    println!("S3-TAKEOVER lease 2s: serving {took:?} after the writer was killed ({attempted} writes attempted)");
+    assert!(standby.log().contains("restored the store from S3"), "{}", standby.log());
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}: {}", standby.log());
+
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() > 20, "too few writes acknowledged before the kill: {}", acked.len());
+    let mut c = standby.client().await;
+    let (revision, keys) = everything(&mut c).await;
+    let last = acked.last().unwrap().1;
+    assert!(revision >= last, "the standby is at {revision}, the writer acknowledged {last}");
+    for (key, rev) in &acked {
+        let kv = keys.iter().find(|k| k.0 == key.as_bytes()).unwrap_or_else(|| panic!("{key} (revision {rev}) lost"));
+        assert_eq!(kv.3, *rev, "{key}");
+    }
+    let put = c.put("/registry/pods/after", "x", None).await.unwrap();
+    assert_eq!(put.header().unwrap().revision(), revision + 1);
+    drop(c);
+    drop(standby);
+
+    let err = refused(first.path(), &s3, &[]);
+    assert!(err.contains("holds another store"), "{err}");
+}
