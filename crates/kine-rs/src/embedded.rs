@@ -21,7 +21,7 @@ pub use crate::endpoint::DEFAULT_NATS_DATA_DIR as DEFAULT_DATA_DIR;
 pub struct Embedded {
     server: Arc<EmbeddedServer>,
     /// The lock on its store, held while it runs (see [`lock_store`]).
-    _store_lock: Option<std::fs::File>,
+    store_lock: Option<std::fs::File>,
 }
 
 /// The file in a store directory that a process holds locked while its embedded server uses
@@ -161,7 +161,7 @@ pub async fn start(cfg: NatsConfig, max_request_bytes: usize, stop: &Shutdown) -
         .await?
         .map_err(|e| anyhow!("--endpoint: cannot start the embedded NATS server: {e}"))?;
     let server = Arc::new(server);
-    let mut embedded = Embedded { server: server.clone(), _store_lock: early_lock };
+    let mut embedded = Embedded { server: server.clone(), store_lock: early_lock };
     let mut last_report = Instant::now();
     loop {
         let s = server.clone();
@@ -192,12 +192,12 @@ pub async fn start(cfg: NatsConfig, max_request_bytes: usize, stop: &Shutdown) -
         }
     }
     let info = server.info().map_err(|e| anyhow!(e))?;
-    if embedded._store_lock.is_none() && !info.store_dir.is_empty() {
+    if embedded.store_lock.is_none() && !info.store_dir.is_empty() {
         // nats-server keeps JetStream in `<store_dir>/jetstream`.
         let dir = PathBuf::from(&info.store_dir);
         let dir = if dir.ends_with("jetstream") { dir.parent().map(PathBuf::from).unwrap_or(dir) } else { dir };
         match lock_store(&dir) {
-            Ok(lock) => embedded._store_lock = Some(lock),
+            Ok(lock) => embedded.store_lock = Some(lock),
             Err(e) => {
                 embedded.shutdown().await;
                 return Err(e);
