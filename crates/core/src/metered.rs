@@ -311,7 +311,7 @@ mod tests {
     use super::*;
     use crate::memory::MemoryBackend;
 
-    /// The in-memory backend, with writes and revision reads that take `delay` each.
+    /// The in-memory backend, with writes, revision reads and ranges that take `delay` each.
     struct Slow {
         inner: MemoryBackend,
         delay: Duration,
@@ -333,6 +333,7 @@ mod tests {
             self.inner.revisions().await
         }
         async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+            tokio::time::sleep(self.delay).await;
             self.inner.range(req).await
         }
         async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
@@ -401,5 +402,29 @@ mod tests {
         })
         .await;
         assert!(matches!(outcome, Err(Error::TimedOut)), "{outcome:?}");
+    }
+
+    /// A hash (HashKV) reads the key space page by page, each page with a budget of its own: a
+    /// large store's hash outlasts one request timeout (three pages of 5 s each here) and still
+    /// succeeds, as in etcd, where only the client's deadline bounds it.
+    #[tokio::test(start_paused = true)]
+    async fn a_hash_pages_through_a_large_store_beyond_one_request_timeout() {
+        use crate::request::{PutRequest, RequestOp, TxnRequest};
+        let inner = MemoryBackend::new();
+        for batch in 0..110 {
+            let puts = (0..100)
+                .map(|i| {
+                    RequestOp::Put(PutRequest { key: format!("k{:05}", batch * 100 + i).into(), ..Default::default() })
+                })
+                .collect();
+            inner.write(WriteOp::Txn(TxnRequest { compare: vec![], success: puts, failure: vec![] })).await.unwrap();
+        }
+        let current = inner.revisions().await.unwrap().current;
+        let m = Metered::new(Arc::new(Slow { inner, delay: Duration::from_secs(5) }), Duration::ZERO, Duration::ZERO)
+            .with_timeout(Duration::from_secs(7));
+        let started = tokio::time::Instant::now();
+        let hashed = request(crate::snapshot::hash(&m, current, None)).await;
+        assert!(hashed.is_ok(), "{hashed:?}");
+        assert_eq!(started.elapsed(), Duration::from_secs(15));
     }
 }
