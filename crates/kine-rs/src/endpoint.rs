@@ -35,7 +35,7 @@ pub fn wants_embedded(cfg: &kine_backend_nats::config::NatsConfig) -> bool {
 }
 
 /// Checks the combination of parameters for an embedded or an external server.
-fn check_nats(endpoint: &str, cfg: &kine_backend_nats::config::NatsConfig) -> Result<(), String> {
+fn check_nats(flag: &str, endpoint: &str, cfg: &kine_backend_nats::config::NatsConfig) -> Result<(), String> {
     let embedded_only = [
         ("dontListen", cfg.dont_listen),
         ("serverConfig", cfg.server_config.is_some()),
@@ -48,33 +48,33 @@ fn check_nats(endpoint: &str, cfg: &kine_backend_nats::config::NatsConfig) -> Re
     if wants_embedded(cfg) {
         if cfg.servers.len() > 1 {
             return Err(format!(
-                "--endpoint {endpoint:?}: the embedded NATS server binds one address; list several servers only with noEmbed (external servers)"
+                "{flag} {endpoint:?}: the embedded NATS server binds one address; list several servers only with noEmbed (external servers)"
             ));
         }
         if cfg.context_file.is_some() {
             return Err(format!(
-                "--endpoint {endpoint:?}: contextFile names external NATS servers; add noEmbed to use them instead of the embedded server"
+                "{flag} {endpoint:?}: contextFile names external NATS servers; add noEmbed to use them instead of the embedded server"
             ));
         }
         return Ok(());
     }
     if let Some(name) = embedded_param {
         return Err(if EMBEDDED_NATS {
-            format!("--endpoint {endpoint:?}: parameter {name} configures the embedded NATS server, but noEmbed is set")
+            format!("{flag} {endpoint:?}: parameter {name} configures the embedded NATS server, but noEmbed is set")
         } else {
             format!(
-                "--endpoint {endpoint:?}: parameter {name} configures an embedded NATS server, and this kine-rs binary was built without one (cargo feature embedded-nats)"
+                "{flag} {endpoint:?}: parameter {name} configures an embedded NATS server, and this kine-rs binary was built without one (cargo feature embedded-nats)"
             )
         });
     }
     if cfg.servers.is_empty() && cfg.context_file.is_none() {
         return Err(if EMBEDDED_NATS {
             format!(
-                "--endpoint {endpoint:?}: noEmbed needs the external server's address, e.g. nats://127.0.0.1:4222?noEmbed"
+                "{flag} {endpoint:?}: noEmbed needs the external server's address, e.g. nats://127.0.0.1:4222?noEmbed"
             )
         } else {
             format!(
-                "--endpoint {endpoint:?}: this kine-rs binary was built without the embedded NATS server (cargo feature embedded-nats); name an external server, e.g. nats://127.0.0.1:4222"
+                "{flag} {endpoint:?}: this kine-rs binary was built without the embedded NATS server (cargo feature embedded-nats); name an external server, e.g. nats://127.0.0.1:4222"
             )
         });
     }
@@ -84,7 +84,7 @@ fn check_nats(endpoint: &str, cfg: &kine_backend_nats::config::NatsConfig) -> Re
 /// go-sqlite3 DSN parameters kine users pass (kine's own default DSN sets several). kine-rs
 /// always runs SQLite in WAL mode with immediate write transactions and a busy timeout, so
 /// these are accepted when they ask for what kine-rs does anyway.
-fn check_sqlite_param(name: &str, value: &str) -> Result<(), String> {
+fn check_sqlite_param(flag: &str, name: &str, value: &str) -> Result<(), String> {
     let v = value.to_ascii_lowercase();
     let ok = match name {
         "_journal" | "_journal_mode" => v == "wal",
@@ -93,24 +93,31 @@ fn check_sqlite_param(name: &str, value: &str) -> Result<(), String> {
         "_txlock" => v == "immediate",
         "_fk" | "_foreign_keys" => matches!(v.as_str(), "0" | "false" | "no" | "off"),
         "_synchronous" | "_sync" => matches!(v.as_str(), "full" | "2" | "extra" | "3"),
-        _ => return Err(format!("--endpoint: unknown sqlite parameter {name:?}")),
+        _ => return Err(format!("{flag}: unknown sqlite parameter {name:?}")),
     };
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "--endpoint: sqlite parameter {name}={value} is not supported (kine-rs always uses WAL, immediate write transactions and synchronous=FULL)"
+            "{flag}: sqlite parameter {name}={value} is not supported (kine-rs always uses WAL, immediate write transactions and synchronous=FULL)"
         ))
     }
 }
 
+/// The datastore `--endpoint` names; errors begin with the flag and the endpoint.
 pub fn parse(endpoint: &str) -> Result<Endpoint, String> {
+    parse_as("--endpoint", endpoint)
+}
+
+/// The datastore an endpoint names, given with `flag` (`--endpoint`, `--from`, `--to`); errors
+/// begin with the flag.
+pub fn parse_as(flag: &str, endpoint: &str) -> Result<Endpoint, String> {
     if endpoint.is_empty() {
         return Ok(Endpoint::Sqlite { path: PathBuf::from(DEFAULT_SQLITE_PATH) });
     }
     let Some((scheme, rest)) = endpoint.split_once("://") else {
         return Err(format!(
-            "--endpoint {endpoint:?}: invalid datastore endpoint, expected <scheme>://... (e.g. sqlite://./db/state.db or memory://)"
+            "{flag} {endpoint:?}: invalid datastore endpoint, expected <scheme>://... (e.g. sqlite://./db/state.db or memory://)"
         ));
     };
     match scheme {
@@ -118,33 +125,39 @@ pub fn parse(endpoint: &str) -> Result<Endpoint, String> {
             let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
             if path.is_empty() {
                 return Err(format!(
-                    "--endpoint {endpoint:?}: sqlite endpoint needs a file path, e.g. sqlite://./db/state.db"
+                    "{flag} {endpoint:?}: sqlite endpoint needs a file path, e.g. sqlite://./db/state.db"
                 ));
             }
             for pair in query.split('&').filter(|p| !p.is_empty()) {
                 let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-                check_sqlite_param(name, value)?;
+                check_sqlite_param(flag, name, value)?;
             }
             Ok(Endpoint::Sqlite { path: PathBuf::from(path) })
         }
         "memory" => {
             if !rest.is_empty() {
-                return Err(format!("--endpoint {endpoint:?}: memory:// takes no path or parameters"));
+                return Err(format!("{flag} {endpoint:?}: memory:// takes no path or parameters"));
             }
             Ok(Endpoint::Memory)
         }
         "nats" => {
-            let cfg = kine_backend_nats::config::parse(endpoint, kine_core::duration::parse)?;
-            check_nats(endpoint, &cfg)?;
+            // The NATS parser's errors begin with `--endpoint "…": `.
+            let cfg = kine_backend_nats::config::parse(endpoint, kine_core::duration::parse).map_err(|e| {
+                match e.strip_prefix("--endpoint ") {
+                    Some(rest) => format!("{flag} {rest}"),
+                    None => e,
+                }
+            })?;
+            check_nats(flag, endpoint, &cfg)?;
             Ok(Endpoint::Nats(Box::new(cfg)))
         }
         "postgres" | "postgresql" => Ok(Endpoint::Postgres { url: endpoint.to_string() }),
         "mysql" => Ok(Endpoint::Mysql { url: endpoint.to_string() }),
         "jetstream" => Err(format!(
-            "--endpoint {scheme}://…: the {scheme} backend is not available in this version of kine-rs (supported: sqlite://, memory://, nats://, postgres://, mysql://)"
+            "{flag} {scheme}://…: the {scheme} backend is not available in this version of kine-rs (supported: sqlite://, memory://, nats://, postgres://, mysql://)"
         )),
         other => Err(format!(
-            "--endpoint {scheme}://…: unknown datastore scheme {other:?} (supported: sqlite://, memory://, nats://, postgres://, mysql://)"
+            "{flag} {scheme}://…: unknown datastore scheme {other:?} (supported: sqlite://, memory://, nats://, postgres://, mysql://)"
         )),
     }
 }
@@ -179,6 +192,18 @@ mod tests {
         assert!(parse("nats://h:4222?replicas=9").unwrap_err().contains("replicas=9"));
         assert!(matches!(parse("nats://h:4222?noEmbed&bucket=b"), Ok(Endpoint::Nats(_))));
         assert!(parse("memory://x").unwrap_err().contains("takes no path"));
+    }
+
+    /// `migrate --from/--to` and `inspect` name their own flag, once.
+    #[test]
+    fn errors_name_the_flag_given() {
+        assert!(parse_as("--to", "redis://x").unwrap_err().starts_with("--to redis://…: unknown datastore scheme"));
+        assert!(
+            parse_as("--from", "sqlite://x.db?bogus=1").unwrap_err().starts_with("--from: unknown sqlite parameter")
+        );
+        let nats = parse_as("--from", "nats://h:4222?replicas=9").unwrap_err();
+        assert!(nats.starts_with("--from \"nats://h:4222?replicas=9\": replicas=9"), "{nats}");
+        assert!(!nats.contains("--endpoint"), "{nats}");
     }
 
     #[cfg(feature = "embedded-nats")]

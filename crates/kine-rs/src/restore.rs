@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 use std::path::Path;
 
 pub fn run(endpoint: &str, file: &Path) -> Result<()> {
-    let path = match endpoint::parse(endpoint).map_err(|e| anyhow::anyhow!("--endpoint: {e}"))? {
+    let path = match endpoint::parse(endpoint).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => path,
         _ => bail!(
             "--endpoint: snapshot restore writes a new SQLite database (sqlite://PATH); to move data into another \

@@ -186,7 +186,7 @@ pub async fn start(
 /// left behind when the restore fails.
 pub async fn restore(cli: &crate::cli::Cli, revision: Option<i64>) -> Result<()> {
     let Some(bucket) = &cli.s3.s3_bucket else { bail!("s3-restore needs --s3-bucket (and --s3-folder …)") };
-    let path = match crate::endpoint::parse(&cli.endpoint).map_err(|e| anyhow::anyhow!("--endpoint: {e}"))? {
+    let path = match crate::endpoint::parse(&cli.endpoint).map_err(anyhow::Error::msg)? {
         crate::endpoint::Endpoint::Sqlite { path } => path,
         _ => bail!("--endpoint: s3-restore writes a new SQLite database (sqlite://PATH)"),
     };

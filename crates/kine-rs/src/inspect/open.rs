@@ -40,7 +40,7 @@ impl ReadOnly {
 pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<ReadOnly> {
     let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::app::pool_options(cli) };
     let tls = crate::app::sql_tls(cli);
-    let backend: Box<dyn Backend> = match endpoint::parse(endpoint).map_err(|e| anyhow::anyhow!("{flag}: {e}"))? {
+    let backend: Box<dyn Backend> = match endpoint::parse_as(flag, endpoint).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => Box::new(
             kine_backend_sql::SqliteBackend::open_read_only(&path)
                 .with_context(|| format!("{flag}: cannot read it"))?,
