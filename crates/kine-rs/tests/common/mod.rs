@@ -225,3 +225,9 @@ pub async fn keys_at(c: &mut etcd_client::Client, revision: i64) -> Vec<Kv> {
         .map(|k| (k.key().to_vec(), k.value().to_vec(), k.create_revision(), k.mod_revision(), k.version(), k.lease()))
         .collect()
 }
+
+/// `"key":N` from a JSON text (the last occurrence).
+pub fn json_number(json: &str, key: &str) -> Option<i64> {
+    let at = json.rfind(&format!("\"{key}\":"))? + key.len() + 3;
+    json[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
