@@ -405,7 +405,13 @@ async fn a_standby_takes_over_a_killed_writer_with_every_acknowledged_write() {
         let (dir, s3) = (second.path().to_path_buf(), s3.clone());
         tokio::task::spawn_blocking(move || start(&dir, &s3, &[]))
     };
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // The kill comes once the standby has had time to start waiting and the writer has
+    // acknowledged a few dozen writes (which takes longer on a busy machine).
+    let begun = std::time::Instant::now();
+    while begun.elapsed() < std::time::Duration::from_millis(1500) || acked.lock().unwrap().len() < 30 {
+        assert!(begun.elapsed() < std::time::Duration::from_secs(60), "the writer acknowledged too few writes");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     writer.signal("KILL");
     let killed = std::time::Instant::now();
     let attempted = load.await.unwrap();

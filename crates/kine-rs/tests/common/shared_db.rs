@@ -201,7 +201,8 @@ pub async fn a_restart_under_load_loses_nothing_acknowledged(db: &mut dyn Databa
         "an outage is Unavailable, nothing else: {errors:?}"
     );
     assert!(slowest_error < Duration::from_secs(6), "errors come fast ({slowest_error:?})");
-    assert!(acked.len() > 50, "{} acknowledged writes", acked.len());
+    // A few dozen in the 2 s before the outage on a busy machine (hundreds when idle).
+    assert!(acked.len() > 10, "{} acknowledged writes", acked.len());
     assert!(after_restart > 0, "writes went on after the restart (within the 5 s left)");
     let end = c.put("/r/end", "x", None).await.unwrap();
     let last = end.header().unwrap().revision();
