@@ -70,6 +70,12 @@ fi
 [[ -f "$BIN" && -x "$BIN" ]] || die "kine-rs binary not found or not executable: $BIN"
 BIN="$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")"
 
+# Steps 2 to 4 and the compilation run under a lock: runs for several backends may start at
+# once (scripts/test runs them side by side); the first prepares the suite and compiles it, the
+# others wait for it and use the same copy and the same compiled packages.
+exec 9>"$WORK/.prepare.lock"
+flock 9
+
 # ---- 2. the suite source, fetched through the Go module proxy --------------
 # Only the module cache is needed after the first run, so later runs work
 # offline.
@@ -78,35 +84,44 @@ ORIG="$(go mod download -json "k8s.io/apiserver@$APISERVER_VERSION" |
     sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
 [[ -n "$ORIG" && -f "$ORIG/go.mod" ]] || die "go mod download did not give a source directory"
 
-# A fresh writable copy every run, so the swap below always starts from the
-# pristine module source.
-rm -rf "$SRC"
-cp -r "$ORIG" "$SRC"
-chmod -R u+w "$SRC"
+# A writable copy of the pristine module source with the swap below. A copy made earlier from
+# the same source is kept (another backend's run may be using it), and checked below.
+STAMP="$SRC/.kine-rs-import-swap"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$ORIG" ]]; then
+    log "reusing the suite copy in $SRC"
+else
+    rm -rf "$SRC"
+    cp -r "$ORIG" "$SRC"
+    chmod -R u+w "$SRC"
+fi
 
 # ---- 3. the import swap: the only change made to the suite -----------------
 # Every importer of the upstream test server (test files, plus the helper
 # package pkg/storage/etcd3/testing that other packages' tests use) gets ours.
-mapfile -t SWAPPED < <(cd "$SRC" && grep -rlF --include='*.go' "\"$ORIG_IMPORT\"" . | sort)
+mapfile -t SWAPPED < <(cd "$SRC" && grep -rlF --include='*.go' -e "\"$ORIG_IMPORT\"" -e "\"$OUR_IMPORT\"" . | sort)
 [[ ${#SWAPPED[@]} -gt 0 ]] || die "no file imports $ORIG_IMPORT: did the suite move?"
-before=$(cd "$SRC" && cat "${SWAPPED[@]}" | grep -cF "\"$ORIG_IMPORT\"")
-(cd "$SRC" && sed -i "s#\"$ORIG_IMPORT\"#\"$OUR_IMPORT\"#" "${SWAPPED[@]}")
+# (In a copy kept from an earlier run, nothing is left to swap: its files stay untouched.)
+mapfile -t TO_SWAP < <(cd "$SRC" && grep -rlF --include='*.go' "\"$ORIG_IMPORT\"" . | sort)
+[[ ${#TO_SWAP[@]} -eq 0 ]] || (cd "$SRC" && sed -i "s#\"$ORIG_IMPORT\"#\"$OUR_IMPORT\"#" "${TO_SWAP[@]}")
+before=$(cd "$ORIG" && cat "${SWAPPED[@]}" | grep -cF "\"$ORIG_IMPORT\"")
 after=$(cd "$SRC" && cat "${SWAPPED[@]}" | grep -cF "\"$OUR_IMPORT\"")
 [[ "$before" == "$after" ]] || die "import swap: $before imports before, $after after"
 if grep -rqF --include='*.go' "\"$ORIG_IMPORT\"" "$SRC"; then
     die "import swap incomplete: $ORIG_IMPORT is still imported"
 fi
 # Nothing but those import lines may differ from the pristine source.
-changed=$(diff -r "$ORIG" "$SRC" | grep -c '^[<>]' || true)
+changed=$(diff -r -x "$(basename "$STAMP")" "$ORIG" "$SRC" | grep -c '^[<>]' || true)
 [[ "$changed" == $((2 * before)) ]] ||
     die "import swap changed $changed diff lines, expected $((2 * before))"
+echo "$ORIG" >"$STAMP"
 log "import swap: $before import lines in ${#SWAPPED[@]} files: ${SWAPPED[*]}"
 
 # ---- 4. module wiring: a workspace of the suite copy and our module --------
 # In a workspace both are main modules, so the suite resolves $OUR_IMPORT to
 # this directory without any edit to its go.mod.
-rm -f "$WORK/go.work" "$WORK/go.work.sum"
-(cd "$WORK" && go work init "./apiserver" "$HERE")
+if [[ ! -f "$WORK/go.work" ]]; then
+    (cd "$WORK" && go work init "./apiserver" "$HERE")
+fi
 export GOWORK="$WORK/go.work"
 cd "$SRC"
 
@@ -168,6 +183,7 @@ t0=$SECONDS
 go test -count=1 -run '^$' "${PACKAGES[@]}" >/dev/null ||
     die "the suite does not build (rerun: cd $SRC && GOWORK=$GOWORK go vet ${PACKAGES[*]})"
 log "compiled in $((SECONDS - t0))s"
+flock -u 9
 
 # ...then run one package at a time: each test starts its own server, and the
 # suite has timing-sensitive watch tests that a busy 2-core machine can break.
