@@ -70,10 +70,11 @@ async fn assert_secured(url: &str) {
     assert!(wrong.is_some_and(|e| e.to_string().contains("authentication failed")), "a wrong password is refused");
 }
 
-/// `etcdctl snapshot save`, as root when auth is on.
+/// `etcdctl snapshot save`, as root when auth is on. etcdctl 3.4 gives the whole command,
+/// sign-in included, 5 s by default: a debug build on a busy machine may need more.
 fn save(url: &str, file: &Path, root: bool) {
     let mut cmd = Command::new("etcdctl");
-    cmd.env("ETCDCTL_API", "3").args(["--endpoints", url]);
+    cmd.env("ETCDCTL_API", "3").args(["--endpoints", url, "--command-timeout", "60s"]);
     if root {
         cmd.args(["--user", "root:rootpw"]);
     }
@@ -127,11 +128,14 @@ async fn serves_as_the_source_did(c: &mut Client, url: &str, source: &Source, wh
 /// etcd would hold: every revision since the compaction.
 async fn kine_rs_snapshot_serves_in_etcd(version: Version, compacted: Option<i64>, nats: bool) {
     let nats = nats.then(NatsServer::start);
+    // Cheap password hashes (etcd verifies any cost); the etcd-to-kine-rs tests keep etcd's own.
+    let cost = ["--bcrypt-cost", "4"];
     let (server, dir) = match &nats {
         Some(nats) => {
-            (Server::start(&["--endpoint", &format!("{}?noEmbed", nats.url())]), TempDir::new("nats-snapshot"))
+            let endpoint = format!("{}?noEmbed", nats.url());
+            (Server::start(&[&["--endpoint", endpoint.as_str()][..], &cost].concat()), TempDir::new("nats-snapshot"))
         }
-        None => sqlite_server(&[]),
+        None => sqlite_server(&cost),
     };
     let mut c = server.client().await;
     let lease = populate(&mut c).await;
