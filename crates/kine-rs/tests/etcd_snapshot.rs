@@ -129,13 +129,12 @@ async fn serves_as_the_source_did(c: &mut Client, url: &str, source: &Source, wh
 async fn kine_rs_snapshot_serves_in_etcd(version: Version, compacted: Option<i64>, nats: bool) {
     let nats = nats.then(NatsServer::start);
     // Cheap password hashes (etcd verifies any cost); the etcd-to-kine-rs tests keep etcd's own.
-    let cost = ["--bcrypt-cost", "4"];
     let (server, dir) = match &nats {
         Some(nats) => {
             let endpoint = format!("{}?noEmbed", nats.url());
-            (Server::start(&[&["--endpoint", endpoint.as_str()][..], &cost].concat()), TempDir::new("nats-snapshot"))
+            (Server::start(&["--endpoint", &endpoint, "--bcrypt-cost", "4"]), TempDir::new("nats-snapshot"))
         }
-        None => sqlite_server(&cost),
+        None => sqlite_server(&["--bcrypt-cost", "4"]),
     };
     let mut c = server.client().await;
     let lease = populate(&mut c).await;
