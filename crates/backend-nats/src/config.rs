@@ -85,8 +85,10 @@ impl Default for NatsConfig {
     }
 }
 
-fn err(endpoint: &str, what: impl std::fmt::Display) -> String {
-    format!("--endpoint {endpoint:?}: {what}")
+/// An error's text: what is wrong, without the endpoint (it may hold credentials; the caller
+/// names the flag and shows the endpoint without them).
+fn err(what: impl std::fmt::Display) -> String {
+    what.to_string()
 }
 
 /// Decodes `%XX` escapes (credentials may contain reserved characters).
@@ -130,16 +132,15 @@ pub fn parse(endpoint: &str, parse_duration: impl Fn(&str) -> Result<Duration, S
     let mut cfg = NatsConfig::default();
     let mut params: Option<&str> = None;
     for (i, url) in split_urls(endpoint).into_iter().enumerate() {
-        let rest = url
-            .strip_prefix("nats://")
-            .ok_or_else(|| err(endpoint, format!("every URL must start with nats:// (got {url:?})")))?;
+        let rest = url.strip_prefix("nats://").ok_or_else(|| {
+            // Only the scheme: the rest of the URL may hold credentials.
+            let scheme = url.split_once("://").map_or("no scheme", |(s, _)| s);
+            err(format!("every URL must start with nats:// (URL {} has {scheme:?})", i + 1))
+        })?;
         let (authority, query) = rest.split_once('?').unwrap_or((rest, ""));
         if rest.contains('?') {
             if params.is_some() {
-                return Err(err(
-                    endpoint,
-                    "parameters are given twice; give them once, after the first or the last URL",
-                ));
+                return Err(err("parameters are given twice; give them once, after the first or the last URL"));
             }
             params = Some(query);
         }
@@ -147,16 +148,14 @@ pub fn parse(endpoint: &str, parse_duration: impl Fn(&str) -> Result<Duration, S
         let hostport = match authority.rsplit_once('@') {
             Some((userinfo, hostport)) => {
                 if i > 0 {
-                    return Err(err(endpoint, "credentials are only read from the first URL; move them there"));
+                    return Err(err("credentials are only read from the first URL; move them there"));
                 }
                 cfg.credentials = match userinfo.split_once(':') {
                     Some((user, pass)) => Credentials::UserPassword(
-                        unescape(user).ok_or_else(|| err(endpoint, "bad %-escape in the user name"))?,
-                        unescape(pass).ok_or_else(|| err(endpoint, "bad %-escape in the password"))?,
+                        unescape(user).ok_or_else(|| err("bad %-escape in the user name"))?,
+                        unescape(pass).ok_or_else(|| err("bad %-escape in the password"))?,
                     ),
-                    None => Credentials::Token(
-                        unescape(userinfo).ok_or_else(|| err(endpoint, "bad %-escape in the token"))?,
-                    ),
+                    None => Credentials::Token(unescape(userinfo).ok_or_else(|| err("bad %-escape in the token"))?),
                 };
                 hostport
             }
@@ -167,58 +166,54 @@ pub fn parse(endpoint: &str, parse_duration: impl Fn(&str) -> Result<Duration, S
                 && !port.ends_with(']')
                 && port.parse::<u16>().is_err()
             {
-                return Err(err(endpoint, format!("invalid port in {hostport:?}")));
+                return Err(err(format!("invalid port in {hostport:?}")));
             }
             cfg.servers.push(hostport.to_string());
         } else if i > 0 {
-            return Err(err(endpoint, format!("URL {} has no host", i + 1)));
+            return Err(err(format!("URL {} has no host", i + 1)));
         }
     }
     if let Some(query) = params {
-        parse_params(endpoint, query, &mut cfg, &parse_duration)?;
+        parse_params(query, &mut cfg, &parse_duration)?;
     }
     if cfg.context_file.is_some() && !cfg.servers.is_empty() {
-        return Err(err(endpoint, "contextFile names the servers; do not give a host in the URL as well"));
+        return Err(err("contextFile names the servers; do not give a host in the URL as well"));
     }
     if cfg.sync_always && cfg.sync_interval.is_some() {
-        return Err(err(endpoint, "give syncAlways or syncInterval, not both"));
+        return Err(err("give syncAlways or syncInterval, not both"));
     }
     if cfg.mirror.is_none() && cfg.mirror_source != MirrorSource::Local {
-        return Err(err(
-            endpoint,
-            "mirrorDomain and mirrorApi say where the mirror= bucket is; give mirror=BUCKET too",
-        ));
+        return Err(err("mirrorDomain and mirrorApi say where the mirror= bucket is; give mirror=BUCKET too"));
     }
     if cfg.mirror.as_deref() == Some(cfg.bucket.as_str()) && cfg.mirror_source == MirrorSource::Local {
-        return Err(err(
-            endpoint,
-            format!("mirror={} names this bucket itself; a copy needs a bucket of its own (bucket=NAME)", cfg.bucket),
-        ));
+        return Err(err(format!(
+            "mirror={} names this bucket itself; a copy needs a bucket of its own (bucket=NAME)",
+            cfg.bucket
+        )));
     }
     Ok(cfg)
 }
 
 /// A whole number from `min` to `max`, or an error naming the parameter.
-fn in_range(endpoint: &str, name: &str, value: &str, min: i64, max: i64) -> Result<i64, String> {
+fn in_range(name: &str, value: &str, min: i64, max: i64) -> Result<i64, String> {
     value
         .parse()
         .ok()
         .filter(|v| (min..=max).contains(v))
-        .ok_or_else(|| err(endpoint, format!("{name}={value} must be a number from {min} to {max}")))
+        .ok_or_else(|| err(format!("{name}={value} must be a number from {min} to {max}")))
 }
 
 fn parse_params(
-    endpoint: &str,
     query: &str,
     cfg: &mut NatsConfig,
     parse_duration: &impl Fn(&str) -> Result<Duration, String>,
 ) -> Result<(), String> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = unescape(value).ok_or_else(|| err(endpoint, format!("bad %-escape in parameter {name}")))?;
+        let value = unescape(value).ok_or_else(|| err(format!("bad %-escape in parameter {name}")))?;
         let path = || -> Result<Option<PathBuf>, String> {
             if value.is_empty() {
-                return Err(err(endpoint, format!("parameter {name} needs a file or directory")));
+                return Err(err(format!("parameter {name} needs a file or directory")));
             }
             Ok(Some(PathBuf::from(&value)))
         };
@@ -226,7 +221,7 @@ fn parse_params(
             match value.as_str() {
                 "" | "true" | "1" => Ok(true),
                 "false" | "0" => Ok(false),
-                other => Err(err(endpoint, format!("parameter {name}={other} must be true or false"))),
+                other => Err(err(format!("parameter {name}={other} must be true or false"))),
             }
         };
         match name {
@@ -234,7 +229,7 @@ fn parse_params(
                 let valid =
                     !value.is_empty() && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
                 if !valid {
-                    return Err(err(endpoint, format!("{name}={value:?} must be letters, digits, '_' or '-'")));
+                    return Err(err(format!("{name}={value:?} must be letters, digits, '_' or '-'")));
                 }
                 if name == "bucket" {
                     cfg.bucket = value;
@@ -246,52 +241,44 @@ fn parse_params(
                 let token_ok =
                     |s: &str| !s.is_empty() && !s.bytes().any(|b| b.is_ascii_whitespace() || b == b'*' || b == b'>');
                 if !token_ok(&value) || (name == "mirrorDomain" && value.contains('.')) {
-                    return Err(err(
-                        endpoint,
-                        format!(
-                            "{name}={value:?} is not a valid JetStream {}",
-                            if name == "mirrorDomain" { "domain" } else { "API prefix" }
-                        ),
-                    ));
+                    return Err(err(format!(
+                        "{name}={value:?} is not a valid JetStream {}",
+                        if name == "mirrorDomain" { "domain" } else { "API prefix" }
+                    )));
                 }
                 if cfg.mirror_source != MirrorSource::Local {
-                    return Err(err(endpoint, "give mirrorDomain or mirrorApi, not both"));
+                    return Err(err("give mirrorDomain or mirrorApi, not both"));
                 }
                 cfg.mirror_source =
                     if name == "mirrorDomain" { MirrorSource::Domain(value) } else { MirrorSource::Api(value) };
             }
-            "replicas" => cfg.replicas = in_range(endpoint, name, &value, 1, 5)? as usize,
+            "replicas" => cfg.replicas = in_range(name, &value, 1, 5)? as usize,
             "revHistory" => {
-                cfg.rev_history = in_range(endpoint, name, &value, 0, 1_000_000)?;
+                cfg.rev_history = in_range(name, &value, 0, 1_000_000)?;
                 if cfg.rev_history == 1 {
-                    return Err(err(
-                        endpoint,
-                        "revHistory=1 keeps no history: use 0 (no limit, the default) or 2 or more",
-                    ));
+                    return Err(err("revHistory=1 keeps no history: use 0 (no limit, the default) or 2 or more"));
                 }
             }
             "slowMethod" => {
-                cfg.slow_method =
-                    parse_duration(&value).map_err(|e| err(endpoint, format!("slowMethod={value}: {e}")))?;
+                cfg.slow_method = parse_duration(&value).map_err(|e| err(format!("slowMethod={value}: {e}")))?;
             }
             "contextFile" => cfg.context_file = path()?,
             "credsFile" => cfg.creds_file = path()?,
             "noEmbed" => cfg.no_embed = flag()?,
-            "maxControlLine" => cfg.max_control_line = in_range(endpoint, name, &value, 1024, 1 << 20)? as usize,
+            "maxControlLine" => cfg.max_control_line = in_range(name, &value, 1024, 1 << 20)? as usize,
             "dontListen" => cfg.dont_listen = flag()?,
             "serverConfig" => cfg.server_config = path()?,
             "stdoutLogging" => cfg.stdout_logging = flag()?,
             "dataDir" => cfg.data_dir = path()?,
             "syncAlways" => cfg.sync_always = flag()?,
             "syncInterval" => {
-                let interval =
-                    parse_duration(&value).map_err(|e| err(endpoint, format!("syncInterval={value}: {e}")))?;
+                let interval = parse_duration(&value).map_err(|e| err(format!("syncInterval={value}: {e}")))?;
                 if interval.is_zero() {
-                    return Err(err(endpoint, "syncInterval must be more than 0 (syncAlways fsyncs every write)"));
+                    return Err(err("syncInterval must be more than 0 (syncAlways fsyncs every write)"));
                 }
                 cfg.sync_interval = Some(interval);
             }
-            other => return Err(err(endpoint, format!("unknown nats parameter {other:?}"))),
+            other => return Err(err(format!("unknown nats parameter {other:?}"))),
         }
     }
     Ok(())
@@ -348,6 +335,15 @@ mod tests {
         assert!(e("nats://h?replicas=1,nats://j?bucket=b").contains("given twice"));
         assert!(e("nats://u:p@h,nats://x:y@j").contains("first URL"));
         assert!(e("nats://h,http://x").contains("must start with nats://"));
+        // No error shows credentials (the caller shows the endpoint without them).
+        for bad in [
+            "nats://u:s3cret@h?bogus=1",
+            "nats://s3cret@h:x",
+            "nats://h,http://u:s3cret@x",
+            "nats://u:s3cret@h?replicas=9",
+        ] {
+            assert!(!e(bad).contains("s3cret"), "{}", e(bad));
+        }
         assert!(e("nats://h?mirrorDomain=edge").contains("give mirror=BUCKET too"));
         assert!(e("nats://h?mirror=kine").contains("names this bucket itself"));
         assert!(e("nats://h?bucket=c&mirror=kine&mirrorDomain=a.b").contains("mirrorDomain"));

@@ -21,6 +21,39 @@ pub enum Endpoint {
     Nats(Box<kine_backend_nats::config::NatsConfig>),
 }
 
+/// An endpoint as messages show it: the password (or token) of every URL hidden. The user name
+/// stays, so that a wrong one can be seen.
+pub fn shown(endpoint: &str) -> String {
+    // A list of URLs splits only at a `,` that starts another URL (a password may hold `,`).
+    let starts_url = |rest: &str| {
+        rest.split_once("://").is_some_and(|(s, _)| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric()))
+    };
+    let mut out = String::new();
+    let mut start = 0;
+    for (i, _) in endpoint.match_indices(',') {
+        if starts_url(&endpoint[i + 1..]) {
+            out.push_str(&hide_credentials(&endpoint[start..=i]));
+            start = i + 1;
+        }
+    }
+    out + &hide_credentials(&endpoint[start..])
+}
+
+fn hide_credentials(url: &str) -> String {
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    // The credentials end at the last `@` before the parameters (a password may hold `@` and
+    // `/`, a DSN's address `(…)`).
+    let rest = &url[scheme_end..];
+    let before_params = rest.find('?').map_or(rest, |q| &rest[..q]);
+    let Some(at) = before_params.rfind('@') else { return url.to_string() };
+    let userinfo = &rest[..at];
+    let hidden = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_string(),
+    };
+    format!("{}{hidden}{}", &url[..scheme_end], &rest[at..])
+}
+
 /// Whether this binary has the embedded NATS server (cargo feature `embedded-nats`).
 pub const EMBEDDED_NATS: bool = cfg!(feature = "embedded-nats");
 
@@ -36,6 +69,7 @@ pub fn wants_embedded(cfg: &kine_backend_nats::config::NatsConfig) -> bool {
 
 /// Checks the combination of parameters for an embedded or an external server.
 fn check_nats(flag: &str, endpoint: &str, cfg: &kine_backend_nats::config::NatsConfig) -> Result<(), String> {
+    let endpoint = shown(endpoint);
     let embedded_only = [
         ("dontListen", cfg.dont_listen),
         ("serverConfig", cfg.server_config.is_some()),
@@ -117,7 +151,8 @@ pub fn parse_as(flag: &str, endpoint: &str) -> Result<Endpoint, String> {
     }
     let Some((scheme, rest)) = endpoint.split_once("://") else {
         return Err(format!(
-            "{flag} {endpoint:?}: invalid datastore endpoint, expected <scheme>://... (e.g. sqlite://./db/state.db or memory://)"
+            "{flag} {:?}: invalid datastore endpoint, expected <scheme>://... (e.g. sqlite://./db/state.db or memory://)",
+            shown(endpoint)
         ));
     };
     match scheme {
@@ -142,12 +177,8 @@ pub fn parse_as(flag: &str, endpoint: &str) -> Result<Endpoint, String> {
         }
         "nats" => {
             // The NATS parser's errors begin with `--endpoint "…": `.
-            let cfg = kine_backend_nats::config::parse(endpoint, kine_core::duration::parse).map_err(|e| {
-                match e.strip_prefix("--endpoint ") {
-                    Some(rest) => format!("{flag} {rest}"),
-                    None => e,
-                }
-            })?;
+            let cfg = kine_backend_nats::config::parse(endpoint, kine_core::duration::parse)
+                .map_err(|e| format!("{flag} {:?}: {e}", shown(endpoint)))?;
             check_nats(flag, endpoint, &cfg)?;
             Ok(Endpoint::Nats(Box::new(cfg)))
         }
@@ -204,6 +235,28 @@ mod tests {
         let nats = parse_as("--from", "nats://h:4222?replicas=9").unwrap_err();
         assert!(nats.starts_with("--from \"nats://h:4222?replicas=9\": replicas=9"), "{nats}");
         assert!(!nats.contains("--endpoint"), "{nats}");
+    }
+
+    /// Errors show the endpoint without its password or token.
+    #[test]
+    fn errors_hide_credentials() {
+        for (endpoint, expected) in [
+            ("nats://admin:s3cret@h:4222?noEmbed&bogus=1", "nats://admin:***@h:4222?noEmbed&bogus=1"),
+            ("nats://s3cret@h:4222?noEmbed&replicas=9", "nats://***@h:4222?noEmbed&replicas=9"),
+            ("nats://a:s3cret@h1,nats://h2?noEmbed&dataDir=/x", "nats://a:***@h1,nats://h2?noEmbed&dataDir=/x"),
+            ("nats://a:s3cret@h1,nats://h2", "nats://a:***@h1,nats://h2"),
+            ("admin:s3cret@tcp(db:3306)/kine", "admin:***@tcp(db:3306)/kine"),
+        ] {
+            let e = parse(endpoint).unwrap_err();
+            assert!(!e.contains("s3cret") && e.contains(expected), "{e}");
+        }
+        assert_eq!(
+            shown("postgres://u:p@ss/w@db:5432/k?sslmode=disable"),
+            "postgres://u:***@db:5432/k?sslmode=disable"
+        );
+        assert_eq!(shown("mysql://u:pw@tcp(db:3306)/k?x=a@b"), "mysql://u:***@tcp(db:3306)/k?x=a@b");
+        assert_eq!(shown("sqlite://./db/state.db"), "sqlite://./db/state.db");
+        assert_eq!(shown("nats://u:pa,ss@h1:4222,nats://h2"), "nats://u:***@h1:4222,nats://h2");
     }
 
     #[cfg(feature = "embedded-nats")]

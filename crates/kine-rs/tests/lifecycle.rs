@@ -27,6 +27,12 @@ fn bad_flags_fail_at_start_naming_the_problem() {
         &[&l[..], &["--endpoint", "mysql://u:secret@tcp(h:x)/db"]].concat(),
         "--endpoint mysql://u:***@tcp(h:x)/db",
     );
+    // A NATS endpoint's password or token is not shown either.
+    let nats = "nats://admin:s3cret@h:4222?noEmbed&bogus=1";
+    fails_with(&[&l[..], &["--endpoint", nats]].concat(), "--endpoint \"nats://admin:***@h:4222?noEmbed&bogus=1\"");
+    let (_, _, stderr) = run(Command::new(BIN).args([&l[..], &["--endpoint", nats]].concat()).env_remove("RUST_LOG"));
+    assert!(stderr.contains("unknown nats parameter \"bogus\"") && !stderr.contains("s3cret"), "{stderr}");
+    fails_with(&[&l[..], &["--endpoint", "nats://t0ken@h:4222?noEmbed&replicas=9"]].concat(), "nats://***@h:4222");
     fails_with(&["--watch-progress-notify-interval", "0"], "--watch-progress-notify-interval");
     fails_with(&["--compact-interval", "5"], "missing unit");
     fails_with(&["--log-format", "xml"], "--log-format");
