@@ -100,3 +100,22 @@ impl Shared {
         self.lease_seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+/// How long start-up waits for a network database that is not reachable yet.
+pub(crate) const START_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The pause between two attempts to reach a database at start-up; an error once `stop` (the
+/// process's shutdown signal) fires, so that a stop does not wait out [`START_PATIENCE`].
+pub(crate) fn pause_before_retry(stop: Option<&kine_core::shutdown::Shutdown>, database: &str) -> anyhow::Result<()> {
+    let until = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        if stop.is_some_and(|s| s.is_triggered()) {
+            anyhow::bail!("stopped while waiting for {database} to be reachable");
+        }
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}

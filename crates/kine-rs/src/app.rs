@@ -146,7 +146,12 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             (Arc::new(kine_core::memory::MemoryBackend::new()), None)
         }
         Endpoint::Postgres { url } => {
-            let options = kine_backend_sql::PostgresOptions { url, pool: pool_options(cli), tls: sql_tls(cli) };
+            let options = kine_backend_sql::PostgresOptions {
+                url,
+                pool: pool_options(cli),
+                tls: sql_tls(cli),
+                stop: Some(stop.clone()),
+            };
             // Connecting blocks (the synchronous PostgreSQL client runs its own runtime).
             let backend = tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options))
                 .await
@@ -154,7 +159,12 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             (Arc::new(backend), None)
         }
         Endpoint::Mysql { url } => {
-            let options = kine_backend_sql::MysqlOptions { url, pool: pool_options(cli), tls: sql_tls(cli) };
+            let options = kine_backend_sql::MysqlOptions {
+                url,
+                pool: pool_options(cli),
+                tls: sql_tls(cli),
+                stop: Some(stop.clone()),
+            };
             let backend = tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open(options))
                 .await
                 .context("open MySQL")??;

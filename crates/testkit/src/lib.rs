@@ -40,6 +40,7 @@ pub fn postgres_at(url: String) -> Arc<dyn Backend> {
             url,
             pool: Default::default(),
             tls: Default::default(),
+            stop: None,
         })
         .expect("open postgres backend"),
     )
@@ -52,6 +53,7 @@ pub fn mysql(server: &mysql::MariaDbServer, db: &str) -> Arc<dyn Backend> {
             url: server.url(db),
             pool: Default::default(),
             tls: Default::default(),
+            stop: None,
         })
         .expect("open mysql backend"),
     )

@@ -14,8 +14,6 @@ use std::time::Duration;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A statement that gets no answer for this long fails (the connection is then dropped).
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long start-up waits for a database that is not reachable yet.
-const START_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The connector for `options` and a first connection (for reads); `create`: create the
 /// database if it is missing.
@@ -39,13 +37,13 @@ pub fn connect(options: &MysqlOptions, create: bool) -> anyhow::Result<(Connecto
             Err(e)
                 if server_code(&e).is_none_or(|c| c == 1040)
                     && !tls_refused(&e)
-                    && started.elapsed() < START_PATIENCE =>
+                    && started.elapsed() < crate::remote::START_PATIENCE =>
             {
                 if !warned {
                     tracing::warn!(error = format!("{e:#}"), "MySQL not reachable yet; retrying for 30 s");
                     warned = true;
                 }
-                std::thread::sleep(Duration::from_secs(1));
+                crate::remote::pause_before_retry(options.stop.as_ref(), "MySQL")?;
             }
             Err(e) => return Err(e.context(format!("--endpoint {shown}"))),
         }

@@ -43,6 +43,9 @@ pub struct PostgresOptions {
     pub url: String,
     pub pool: PoolOptions,
     pub tls: TlsFiles,
+    /// The process's shutdown signal: it ends the wait for a database that is not reachable
+    /// yet at start-up.
+    pub stop: Option<kine_core::shutdown::Shutdown>,
 }
 
 /// Without the password.

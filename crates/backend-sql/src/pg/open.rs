@@ -3,14 +3,13 @@
 //! missing (not for a read-only open, which reports it).
 
 use super::{Connector, PostgresOptions, conn, tls};
+use crate::remote::{START_PATIENCE, pause_before_retry};
 use anyhow::Context;
 use std::str::FromStr;
 use std::time::Duration;
 
 /// Connection attempts give up after this unless the URL sets `connect_timeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long start-up waits for a database that is not reachable yet.
-const START_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The connector for `options` and a first connection; `create`: create the database if it
 /// is missing.
@@ -44,7 +43,7 @@ pub fn connect(options: &PostgresOptions, create: bool) -> anyhow::Result<(Conne
                     tracing::warn!(error = format!("{e:#}"), "PostgreSQL not reachable yet; retrying for 30 s");
                     warned = true;
                 }
-                std::thread::sleep(Duration::from_secs(1));
+                pause_before_retry(options.stop.as_ref(), "PostgreSQL")?;
             }
             Err(e) => return Err(e.context(format!("--endpoint {shown}"))),
         }

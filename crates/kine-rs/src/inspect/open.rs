@@ -46,7 +46,7 @@ pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<Rea
                 .with_context(|| format!("{flag}: cannot read it"))?,
         ),
         Endpoint::Postgres { url } => {
-            let options = kine_backend_sql::PostgresOptions { url, pool, tls };
+            let options = kine_backend_sql::PostgresOptions { url, pool, tls, stop: None };
             Box::new(
                 tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open_read_only(options))
                     .await
@@ -55,7 +55,7 @@ pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<Rea
             )
         }
         Endpoint::Mysql { url } => {
-            let options = kine_backend_sql::MysqlOptions { url, pool, tls };
+            let options = kine_backend_sql::MysqlOptions { url, pool, tls, stop: None };
             Box::new(
                 tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open_read_only(options))
                     .await

@@ -119,11 +119,11 @@ async fn open_target(to: &str, cli: &Cli) -> Result<Arc<dyn Backend>> {
             Arc::new(kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path })?)
         }
         Endpoint::Postgres { url } => {
-            let options = kine_backend_sql::PostgresOptions { url, pool, tls };
+            let options = kine_backend_sql::PostgresOptions { url, pool, tls, stop: None };
             Arc::new(tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options)).await??)
         }
         Endpoint::Mysql { url } => {
-            let options = kine_backend_sql::MysqlOptions { url, pool, tls };
+            let options = kine_backend_sql::MysqlOptions { url, pool, tls, stop: None };
             Arc::new(tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open(options)).await??)
         }
         Endpoint::Memory => bail!("memory:// keeps nothing: there is no point copying into it"),
