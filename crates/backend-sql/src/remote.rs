@@ -61,6 +61,8 @@ pub struct Shared {
     pub lease_updates: broadcast::Sender<LeaseUpdate>,
     /// Each lease's renewal count as this node last heard of it.
     pub lease_seen: Mutex<HashMap<LeaseId, i64>>,
+    /// Held while publishing: the feed and the writer both publish (see `publish_own`).
+    publishing: Mutex<()>,
 }
 
 impl Shared {
@@ -73,27 +75,47 @@ impl Shared {
             closed: AtomicBool::new(false),
             lease_updates: broadcast::channel(1024).0,
             lease_seen: Mutex::new(HashMap::new()),
+            publishing: Mutex::new(()),
         }
     }
 
     /// A feed's catch-up: the revisions after `published` up to the database's `current`, read
     /// in one snapshot with the compact revision. Advances this node's revision before
     /// publishing each revision's events (the `Backend` invariant), then lets `revisions()`
-    /// callers waiting for `current` go.
+    /// callers waiting for `current` go. Revisions the writer published meanwhile
+    /// (`publish_own`) are skipped.
     pub fn publish(&self, published: Revision, current: Revision, compacted: Revision, events: Vec<RevisionEvents>) {
+        let _order = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
         if published + 1 < compacted && current > published {
             // Another node compacted history this node had not published yet.
             tracing::error!(published, compacted, "the event feed fell behind a compaction; watches may miss events");
         }
-        self.compacted.store(compacted, Ordering::SeqCst);
-        for ev in events {
+        self.publish_locked(current, compacted, events);
+    }
+
+    /// The writer's own commit of the revisions after `base` (gap-free: it held the revision
+    /// counter), published at once when nothing is unpublished before them, so that a write's
+    /// events are queued for this node's watchers before the write is answered (as etcd does);
+    /// otherwise left to the feed, which publishes in revision order.
+    pub fn publish_own(&self, base: Revision, compacted: Revision, events: Vec<RevisionEvents>) {
+        let Some(last) = events.last().map(|e| e.revision) else { return };
+        let _order = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
+        if *self.published.borrow() == base {
+            self.publish_locked(last, compacted, events);
+        }
+    }
+
+    fn publish_locked(&self, current: Revision, compacted: Revision, events: Vec<RevisionEvents>) {
+        let done = *self.published.borrow();
+        self.compacted.fetch_max(compacted, Ordering::SeqCst);
+        for ev in events.into_iter().filter(|e| e.revision > done) {
             self.current.store(ev.revision, Ordering::SeqCst);
             let _ = self.feed.send(Arc::new(ev));
         }
         if current > self.current.load(Ordering::SeqCst) {
             self.current.store(current, Ordering::SeqCst);
         }
-        self.published.send_replace(current.max(published));
+        self.published.send_replace(current.max(done));
     }
 
     pub fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, i64>> {

@@ -5,7 +5,8 @@
 //! turns: revisions are gap-free and committed in order. The connection runs at READ
 //! COMMITTED, so each statement sees every commit made before the lock was granted. Begin and
 //! lock, and advance and commit, are one round trip each (several statements in one query).
-//! After the commit the feed is woken (it publishes the events), then the replies go out.
+//! After the commit the writer publishes this node's events when nothing before them is still
+//! unpublished (`Shared::publish_own`), otherwise the feed does, woken; then the replies go out.
 
 use super::feed::Nudge;
 use super::view::MyView;
@@ -109,7 +110,8 @@ fn write_batch(
     let outcome = with_savepoints_if_needed(|savepoints| attempt(c, shared, &ops, savepoints));
     match outcome {
         Ok(results) => {
-            // This node's feed publishes the events (of every node, in revision order).
+            // Published (`attempt`), or this node's feed publishes them (every node's, in
+            // revision order).
             nudge.wake();
             for ((_, reply), result) in batch.into_iter().zip(results) {
                 let _ = reply.send(result.map_err(|e| no_space_if(e, disk_full)));
@@ -161,6 +163,7 @@ fn attempt(
 ) -> anyhow::Result<Option<Results>> {
     let (base, compacted) = begin(c)?;
     let mut results = Vec::with_capacity(ops.len());
+    let mut events = Vec::new();
     let mut view = MyView { conn: &mut *c, revision: base, compacted, appended: 0 };
     let mut lease_changes = false;
     for op in ops {
@@ -183,6 +186,7 @@ fn attempt(
                 lease_changes |= !matches!(op, WriteOp::Txn(_));
                 if let Some(ev) = applied.events {
                     view.revision = ev.revision;
+                    events.push(ev);
                 }
                 results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
             }
@@ -213,6 +217,7 @@ fn attempt(
     }
     end += "COMMIT";
     statements(c, &end).context("advance the revision and commit")?;
+    shared.publish_own(base, compacted, events);
     Ok(Some(results))
 }
 

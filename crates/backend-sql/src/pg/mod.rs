@@ -3,7 +3,9 @@
 //! - writes lock the revision counter row for their transaction (`writer.rs`), so several nodes
 //!   commit gap-free revisions in order, without fill rows;
 //! - events reach this node's watchers through its feed (`feed.rs`), which publishes every
-//!   node's commits in revision order (LISTEN/NOTIFY, polling once a second as a fallback);
+//!   node's commits in revision order (LISTEN/NOTIFY, polling once a second as a fallback),
+//!   and through its writer, which publishes its own commits before answering when they come
+//!   next (`Shared::publish_own`);
 //! - `revisions()` reads the database's revision and waits until the feed has published it,
 //!   so a watch started after an acknowledged write on any node never misses or repeats it.
 

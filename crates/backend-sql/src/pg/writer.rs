@@ -3,8 +3,9 @@
 //! transaction first locks the revision counter (`SELECT … FOR UPDATE` on `meta.revision`), so
 //! the writers of all nodes on one database take turns: revisions are gap-free and committed in
 //! order. The commit notifies every node's feed (`NOTIFY kine_rs`), which publishes the events;
-//! replies go out after the commit. Begin and lock, and advance, notify and commit, are one
-//! round trip each (several statements in one simple query).
+//! this node's own are published by the writer after the commit, before the replies, when
+//! nothing before them is still unpublished (`Shared::publish_own`). Begin and lock, and
+//! advance, notify and commit, are one round trip each (several statements in one simple query).
 
 use super::conn::{Conn, Sql};
 use super::schema;
@@ -96,7 +97,8 @@ fn write_batch(conn: &mut Conn, shared: &Shared, batch: Vec<(WriteOp, Reply<Revi
     let outcome = with_savepoints_if_needed(|savepoints| attempt(conn, shared, &ops, savepoints));
     match outcome {
         Ok(results) => {
-            // This node's feed publishes the events (of every node, in revision order).
+            // The events are published (`attempt`, or this node's feed, which publishes every
+            // node's in revision order).
             for ((_, reply), result) in batch.into_iter().zip(results) {
                 let _ = reply.send(result.map_err(|e| no_space_if(e, disk_full)));
             }
@@ -138,6 +140,7 @@ fn disk_full(e: &anyhow::Error) -> bool {
 fn attempt(conn: &mut Conn, shared: &Shared, ops: &[&WriteOp], savepoints: bool) -> anyhow::Result<Option<Results>> {
     let (base, compacted) = begin(conn)?;
     let mut results = Vec::with_capacity(ops.len());
+    let mut events = Vec::new();
     let mut view = PgView { client: &mut *conn, revision: base, compacted, appended: 0 };
     for op in ops {
         if let WriteOp::LeaseRevoke { id, expired: true } = op
@@ -159,6 +162,7 @@ fn attempt(conn: &mut Conn, shared: &Shared, ops: &[&WriteOp], savepoints: bool)
                 announce_lease(view.client, op)?;
                 if let Some(ev) = applied.events {
                     view.revision = ev.revision;
+                    events.push(ev);
                 }
                 results.push(Ok(Revisioned { revision: view.revision, value: applied.response }));
             }
@@ -187,6 +191,7 @@ fn attempt(conn: &mut Conn, shared: &Shared, ops: &[&WriteOp], savepoints: bool)
         "COMMIT".to_string()
     };
     conn.client().batch_execute(&end).context("advance the revision, notify the other nodes and commit")?;
+    shared.publish_own(base, compacted, events);
     Ok(Some(results))
 }
 
