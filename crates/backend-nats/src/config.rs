@@ -110,8 +110,8 @@ fn unescape(s: &str) -> Option<String> {
 }
 
 /// Splits the list at each `,` that starts another URL, so that a parameter value may contain
-/// commas (a directory name, say).
-fn split_urls(endpoint: &str) -> Vec<&str> {
+/// commas (a directory name, say), as may a password.
+pub fn split_urls(endpoint: &str) -> Vec<&str> {
     let starts_url = |rest: &str| {
         rest.split_once("://")
             .is_some_and(|(scheme, _)| !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric()))

@@ -24,19 +24,9 @@ pub enum Endpoint {
 /// An endpoint as messages show it: the password (or token) of every URL hidden. The user name
 /// stays, so that a wrong one can be seen.
 pub fn shown(endpoint: &str) -> String {
-    // A list of URLs splits only at a `,` that starts another URL (a password may hold `,`).
-    let starts_url = |rest: &str| {
-        rest.split_once("://").is_some_and(|(s, _)| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric()))
-    };
-    let mut out = String::new();
-    let mut start = 0;
-    for (i, _) in endpoint.match_indices(',') {
-        if starts_url(&endpoint[i + 1..]) {
-            out.push_str(&hide_credentials(&endpoint[start..=i]));
-            start = i + 1;
-        }
-    }
-    out + &hide_credentials(&endpoint[start..])
+    // A list splits only at a `,` that starts another URL (a password may hold `,`).
+    let urls = kine_backend_nats::config::split_urls(endpoint);
+    urls.into_iter().map(hide_credentials).collect::<Vec<_>>().join(",")
 }
 
 fn hide_credentials(url: &str) -> String {

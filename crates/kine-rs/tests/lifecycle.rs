@@ -67,20 +67,12 @@ fn bad_flags_fail_at_start_naming_the_problem() {
 #[tokio::test]
 async fn sigterm_while_waiting_for_a_database_exits_promptly() {
     use std::io::{BufRead, BufReader};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     for endpoint in
         [format!("postgres://kine:pw@127.0.0.1:{port}/kine"), format!("mysql://kine:pw@tcp(127.0.0.1:{port})/kine")]
     {
-        let mut child = Command::new(BIN)
-            .args(["--listen-address", "127.0.0.1:0", "--endpoint", &endpoint])
-            .env("KINE_METRICS_BIND_ADDRESS", "0")
-            .env_remove("RUST_LOG")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn kine-rs");
+        let mut child = spawn_starting(&endpoint);
         let (tx, rx) = std::sync::mpsc::channel();
         let stderr = child.stderr.take().unwrap();
         let reader = std::thread::spawn(move || {
@@ -98,17 +90,8 @@ async fn sigterm_while_waiting_for_a_database_exits_promptly() {
             let _ = child.kill();
             panic!("{endpoint}: no \"not reachable yet\" warning:\n{}", reader.join().unwrap());
         }
-        let sent = Instant::now();
-        Command::new("kill").args(["-s", "TERM", &child.id().to_string()]).status().expect("kill");
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if sent.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                panic!("{endpoint}: kine-rs still running 10 s after SIGTERM:\n{}", reader.join().unwrap());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let Some(status) = terminate_within(&mut child, Duration::from_secs(10)).await else {
+            panic!("{endpoint}: kine-rs still running 10 s after SIGTERM:\n{}", reader.join().unwrap());
         };
         let log = reader.join().unwrap();
         assert!(status.success(), "{endpoint}: {status:?}\n{log}");

@@ -136,29 +136,13 @@ async fn sigterm_while_waiting_for_nats_exits_cleanly() {
     use std::io::Read;
     use std::time::{Duration, Instant};
     let endpoint = format!("nats://127.0.0.1:{}?noEmbed", kine_testkit::nats::free_port());
-    let mut child = std::process::Command::new(common::BIN)
-        .env("KINE_METRICS_BIND_ADDRESS", "0")
-        .args(["--listen-address", "127.0.0.1:0", "--endpoint", &endpoint])
-        .env_remove("RUST_LOG")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn kine-rs");
+    let mut child = common::spawn_starting(&endpoint);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(child.try_wait().unwrap().is_none(), "kine-rs should still be waiting for NATS");
     let sent = Instant::now();
-    std::process::Command::new("kill").args(["-s", "TERM", &child.id().to_string()]).status().expect("kill");
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if sent.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
-            panic!("kine-rs still running 10 s after SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = common::terminate_within(&mut child, Duration::from_secs(10))
+        .await
+        .expect("kine-rs still running 10 s after SIGTERM");
     let mut log = String::new();
     child.stderr.take().unwrap().read_to_string(&mut log).unwrap();
     assert!(status.success(), "{status:?}\n{log}");

@@ -17,6 +17,37 @@ pub fn server_bin() -> String {
     std::env::var("KINE_RS_TEST_BIN").unwrap_or_else(|_| BIN.to_string())
 }
 
+/// Starts kine-rs on `endpoint` (a free port, no metrics listener, stderr piped) without
+/// waiting for it to serve: for start-up that waits on something.
+pub fn spawn_starting(endpoint: &str) -> Child {
+    Command::new(BIN)
+        .args(["--listen-address", "127.0.0.1:0", "--endpoint", endpoint])
+        .env("KINE_METRICS_BIND_ADDRESS", "0")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn kine-rs")
+}
+
+/// Sends SIGTERM and waits up to `limit` for the exit status; `None` if it was still running
+/// then (it is killed).
+pub async fn terminate_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let sent = Instant::now();
+    Command::new("kill").args(["-s", "TERM", &child.id().to_string()]).status().expect("kill");
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return Some(status);
+        }
+        if sent.elapsed() > limit {
+            let _ = child.kill();
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A running kine-rs process; killed on drop.
 pub struct Server {
     pub child: Child,
