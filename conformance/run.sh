@@ -207,6 +207,15 @@ skipped=$(count SKIP)
 if [[ "$failed" -gt 0 ]]; then
     echo "failed tests:"
     grep -aE '^--- FAIL:' "$OUT" | sed 's/^--- FAIL: /  /'
+    # What the failing tests printed (the filter above hides it): each line of output of a test
+    # that failed, after its name. go test -v marks whose output follows with "=== RUN|NAME|CONT".
+    echo "failure details:"
+    awk '
+        FNR == NR { if (match($0, /--- FAIL: [^ ]+/)) failed[substr($0, RSTART + 10, RLENGTH - 10)] = 1; next }
+        /^=== (RUN|NAME|CONT) / { current = $3; next }
+        /^[[:space:]]*--- / || /^=== / { next }
+        (current in failed) && NF > 0 && shown++ < 60 { print "  " current ": " $0 }
+    ' "$OUT" "$OUT"
     echo "full output: $OUT; server logs: $LOGS"
 fi
 echo "conformance-$BACKEND: $passed passed, $failed failed, $skipped skipped"

@@ -46,6 +46,10 @@ cleanup() {
     for pid in ${BG_PIDS[@]+"${BG_PIDS[@]}"}; do
         kill "$pid" 2>/dev/null || true
     done
+    # Gone before their files are removed (a client still writing would leave some behind).
+    for pid in ${BG_PIDS[@]+"${BG_PIDS[@]}"}; do
+        wait "$pid" 2>/dev/null || true
+    done
     if [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
         kill -TERM "$SERVER_PID" 2>/dev/null || true
         for _ in $(seq 50); do
@@ -53,8 +57,9 @@ cleanup() {
             sleep 0.1
         done
         kill -KILL "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
     fi
-    rm -rf "$TMP_ROOT"
+    rm -rf "$TMP_ROOT" || true
 }
 trap cleanup EXIT
 trap 'exit 130' INT
