@@ -162,9 +162,18 @@ pub async fn a_restart_under_load_loses_nothing_acknowledged(db: &mut dyn Databa
         tokio::spawn(async move {
             let (mut acked, mut errors, mut slowest_error) = (Vec::new(), Vec::new(), Duration::ZERO);
             let mut after_restart = 0;
-            let deadline = std::time::Instant::now() + Duration::from_secs(9);
+            // Until 5 s after the database is back (stopping and starting it take seconds of
+            // their own on a busy machine), and no longer than a minute in all.
+            let give_up = std::time::Instant::now() + Duration::from_secs(60);
+            let mut back_at = None;
             let mut n = 0;
-            while std::time::Instant::now() < deadline {
+            loop {
+                if back.load(Ordering::SeqCst)
+                    && back_at.get_or_insert_with(std::time::Instant::now).elapsed() >= Duration::from_secs(5)
+                    || std::time::Instant::now() > give_up
+                {
+                    break;
+                }
                 let key = format!("/r/{n}");
                 // Conditional create: an attempt whose answer was lost cannot apply twice.
                 let txn = Txn::new()
@@ -203,7 +212,7 @@ pub async fn a_restart_under_load_loses_nothing_acknowledged(db: &mut dyn Databa
     assert!(slowest_error < Duration::from_secs(6), "errors come fast ({slowest_error:?})");
     // A few dozen in the 2 s before the outage on a busy machine (hundreds when idle).
     assert!(acked.len() > 10, "{} acknowledged writes", acked.len());
-    assert!(after_restart > 0, "writes went on after the restart (within the 5 s left)");
+    assert!(after_restart > 0, "writes went on within 5 s of the restart");
     let end = c.put("/r/end", "x", None).await.unwrap();
     let last = end.header().unwrap().revision();
     // Every acknowledged write is there at its revision, and the watch saw each exactly once.
