@@ -141,7 +141,8 @@ impl Backend for MysqlBackend {
 
     async fn revisions(&self) -> Result<Revisions> {
         self.serving()?;
-        let (current, compacted, _) = self.readers.read(|c| Ok(schema::revisions(c)?)).await?;
+        // One statement, one snapshot: the rows agree without a transaction around them.
+        let (current, compacted, _) = self.readers.single(|c| Ok(schema::revisions(c)?)).await?;
         if self.read_only {
             return Ok(Revisions { current, compacted });
         }

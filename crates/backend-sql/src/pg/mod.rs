@@ -176,7 +176,8 @@ impl Backend for PostgresBackend {
 
     async fn revisions(&self) -> Result<Revisions> {
         self.serving()?;
-        let (current, compacted) = self.readers.read(|tx| Ok(schema::revisions(tx)?)).await?;
+        // One statement, one snapshot: both rows agree without a transaction around them.
+        let (current, compacted) = self.readers.single(|c| Ok(schema::revisions(c)?)).await?;
         if self.read_only {
             return Ok(Revisions { current, compacted });
         }
