@@ -80,6 +80,7 @@ for shape in flat k8s; do
     run --workload list --shape $shape --clients 2 --keys 200 --limit 50
     run --workload count --shape $shape --keys 200
 done
+run --workload progress --clients 2
 run --workload watch --watchers 10 --clients 2 --rate 100
 run --workload watch --watch-on key --watchers 20 --clients 4 --rate 100 --writers 2
 run --workload watch --watchers 10 --clients 3 --rate 100 --slow-clients 1

@@ -54,6 +54,10 @@ enum Workload {
     /// The whole preloaded prefix through one RangeStream (etcd 3.7); an operation is a whole
     /// list.
     StreamAll,
+    /// Watch progress requests, each client on one watch stream with one watch, each request
+    /// waiting for its answer: what kube-apiserver asks before it serves a consistent list from
+    /// its watch cache (an operation is a request and its progress notification).
+    Progress,
     /// `--watchers` watches (on a prefix, or each on its own key: `--watch-on`) and writers at
     /// `--rate` puts/s; reports event delivery: ops = events delivered, latency = delivery
     /// latency; events not delivered 5 s after the last put count as errors (flat shape only).
@@ -394,6 +398,7 @@ async fn run_clients(
             Workload::Count => tokio::spawn(workload::count(c, id, p, deadline)),
             Workload::ListAll => tokio::spawn(workload::list_all(c, id, p, deadline)),
             Workload::StreamAll => tokio::spawn(workload::stream_all(c, id, p, deadline)),
+            Workload::Progress => tokio::spawn(workload::progress(c, id, deadline)),
             Workload::Load | Workload::Watch | Workload::Failover | Workload::Replay => {
                 unreachable!("handled by the caller")
             }

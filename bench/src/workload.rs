@@ -292,3 +292,31 @@ pub async fn preload(client: &Client, clients: u64, p: &Params) -> anyhow::Resul
     }
     Ok(p.keys - have)
 }
+
+/// Progress requests on a watch stream of its own with one watch (on a key nobody writes), each
+/// waiting for the progress notification that answers it.
+pub async fn progress(mut c: Client, id: u64, deadline: Instant) -> Stats {
+    let mut stats = Stats::default();
+    let Ok(mut stream) = c.watch(format!("/bench/progress/{id}"), None).await else {
+        stats.errors += 1;
+        return stats;
+    };
+    if !matches!(stream.message().await, Ok(Some(r)) if r.created()) {
+        stats.errors += 1;
+        return stats;
+    }
+    while Instant::now() < deadline {
+        let answered = async {
+            stream.request_progress().await?;
+            loop {
+                match stream.message().await? {
+                    Some(r) if r.events().is_empty() && !r.created() && !r.canceled() => return Ok(()),
+                    Some(_) => continue,
+                    None => return Err(etcd_client::Error::WatchError("the watch stream closed".into())),
+                }
+            }
+        };
+        timed(&mut stats, answered).await;
+    }
+    stats
+}
