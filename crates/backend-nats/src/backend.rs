@@ -43,6 +43,7 @@ use layout::Origin;
 pub use local::LocalServer;
 use local::LocalStream;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -72,12 +73,23 @@ pub struct NatsOptions {
     /// Open the bucket only to read it (`kine-rs inspect`, `kine-rs migrate --from`): nothing is
     /// created or changed, a missing bucket is an error, and every write is refused.
     pub read_only: bool,
+    /// Where the replica keeps the bucket's values: a file there, unlinked at once (`None`: in
+    /// memory).
+    pub values_dir: Option<PathBuf>,
 }
 
 impl NatsOptions {
-    /// Options without datastore TLS, for etcd's request limit (1.5 MiB).
+    /// Options without datastore TLS, for etcd's request limit (1.5 MiB), with the values in
+    /// the system's temporary directory.
     pub fn new(config: NatsConfig) -> NatsOptions {
-        NatsOptions { config, tls: ClientTls::default(), max_request_bytes: 1536 * 1024, local: None, read_only: false }
+        NatsOptions {
+            config,
+            tls: ClientTls::default(),
+            max_request_bytes: 1536 * 1024,
+            local: None,
+            read_only: false,
+            values_dir: Some(std::env::temp_dir()),
+        }
     }
 }
 
@@ -108,6 +120,8 @@ struct Inner {
     /// One promotion at a time.
     promotion: tokio::sync::Mutex<()>,
     table: Mutex<MemTable>,
+    /// Where a loaded table keeps its values (`NatsOptions::values_dir`).
+    values_dir: Option<PathBuf>,
     /// Message sequences of versions written by multi-key batches (locked after `table`).
     message_seqs: Mutex<MessageSeqs>,
     /// The last stream sequence the replica applied.
@@ -255,6 +269,7 @@ impl NatsBackend {
             replication: Mutex::new(None),
             promotion: tokio::sync::Mutex::new(()),
             table: Mutex::new(MemTable::at(0)),
+            values_dir: options.values_dir.clone(),
             message_seqs: Mutex::new(MessageSeqs::default()),
             applied: watch::channel(0).0,
             delivered: watch::channel(0).0,

@@ -105,6 +105,7 @@ pub(super) async fn replicate(inner: Arc<Inner>, ready: oneshot::Sender<(Revisio
 
 /// Applies one message to a table. Returns the revisions completed by it (a message completes
 /// its own revision, or a batch's; one that cuts an earlier batch short completes that too).
+/// Fails if the table cannot read its own values back (its value file): it must be loaded again.
 fn take(
     stored: &str,
     table: &mut MemTable,
@@ -112,7 +113,7 @@ fn take(
     batches: &mut Assembler,
     msg: &jetstream::Message,
     seq: Revision,
-) -> Vec<RevisionEvents> {
+) -> kine_core::Result<Vec<RevisionEvents>> {
     let decoded = message::decode(stored, msg.subject.as_str(), msg.headers.as_ref(), &msg.payload, seq);
     let mut ready: Vec<Ready> = batches.passed(seq).into_iter().collect();
     let mut marker = false;
@@ -131,12 +132,12 @@ fn take(
     for r in ready {
         let revision = r.revision;
         let events = r.into_events(seqs);
-        completed.push(table.apply_committed(revision, events));
+        completed.push(table.apply_committed(revision, events)?);
     }
     if marker {
         table.advance(seq);
     }
-    completed
+    Ok(completed)
 }
 
 /// Loads the stream into a new table, again and again until one load is verified. `None` once
@@ -174,7 +175,10 @@ async fn load_once(
     let before = leader::stream_state(&inner.js, &inner.stream_name).await.map_err(|e| e.to_string())?;
     cursor.reset();
     let mut st = Loading {
-        table: MemTable::at(0),
+        table: match &inner.values_dir {
+            Some(dir) => MemTable::at_with_values_in(0, dir),
+            None => MemTable::at(0),
+        },
         seqs: MessageSeqs::default(),
         position: Position { next: 1, batches: Assembler::default() },
         gaps: Vec::new(),
@@ -200,7 +204,8 @@ async fn load_once(
                 if seq > next {
                     st.gaps.push((next, seq - 1));
                 }
-                take(&inner.stored, &mut st.table, &mut st.seqs, &mut st.position.batches, &m, seq);
+                take(&inner.stored, &mut st.table, &mut st.seqs, &mut st.position.batches, &m, seq)
+                    .map_err(|e| e.to_string())?;
                 inner.sent.applied(message::msg_id(m.headers.as_ref()), seq);
                 st.position.next = seq + 1;
                 st.newest_at = info.published.unix_timestamp_nanos() as i64;
@@ -256,7 +261,7 @@ async fn load_once(
     } else if let Some(r) = st.position.batches.finish() {
         let revision = r.revision;
         let events = r.into_events(&mut st.seqs);
-        st.table.apply_committed(revision, events);
+        st.table.apply_committed(revision, events).map_err(|e| e.to_string())?;
     }
     // The compact revision, read after the load: a compaction records it before it removes
     // anything, so every removal this load saw is covered by it. A copy's meta bucket is a
@@ -448,7 +453,15 @@ fn apply(inner: &Inner, position: &mut Position, msg: &jetstream::Message, seq: 
     let completed = {
         let mut t = inner.table();
         let mut seqs = inner.seqs();
-        let completed = take(&inner.stored, &mut t, &mut seqs, &mut position.batches, msg, seq);
+        let completed = match take(&inner.stored, &mut t, &mut seqs, &mut position.batches, msg, seq) {
+            Ok(completed) => completed,
+            Err(e) => {
+                // Nothing of it is published; `follow` stops at the request and loads again.
+                tracing::error!(error = %e, sequence = seq, "the replica cannot apply a message; loading the bucket again");
+                inner.reload_wanted.send_modify(|r| *r += 1);
+                return;
+            }
+        };
         // Under the table's lock: a write evaluated on a table holding its own message finds
         // it noted (`sent.rs`).
         inner.sent.applied(message::msg_id(msg.headers.as_ref()), seq);

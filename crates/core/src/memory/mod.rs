@@ -1,7 +1,9 @@
 //! The in-memory backend (`memory://`): the reference implementation and test oracle.
 //! Nothing survives a restart.
 
+mod events;
 mod table;
+mod values;
 
 pub use table::MemTable;
 

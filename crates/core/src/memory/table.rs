@@ -1,70 +1,81 @@
-//! [`MemTable`]: the whole key history in memory, compactly. The `memory://` backend and the
-//! NATS backend's replica of its bucket both keep their data in one.
+//! [`MemTable`]: the whole key history, compactly. The `memory://` backend and the NATS
+//! backend's replica of its bucket both keep their data in one.
 //!
 //! Memory per key matters (a replica holds the whole key space): each key is held once, shared
-//! by the map and the change log; a version holds only what the key and its revision do not
-//! already say.
+//! by the map and the change log (`events.rs`); a version holds only what the key and its
+//! revision do not already say, and its value is held where the table's `Values` keep them (in
+//! memory, or in a file: `values.rs`).
 
+use super::values::{Value, Values};
 use crate::backend::Revisions;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::txn::{self, WriteOp};
 use crate::types::{Event, EventKind, KeyRange, KeyValue, LeaseId, RangeEnd, Revision, RevisionEvents};
 use crate::view::{ReadView, WriteView};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
+use std::path::Path;
 use std::sync::Arc;
 
 /// A key, held once: the map's key and the log's entries share it.
-type Key = Arc<[u8]>;
+pub(super) type Key = Arc<[u8]>;
 
 /// One version of a key. Its key is the map's and its mod revision the history entry's.
-#[derive(Debug, Clone)]
-struct Stored {
-    create_revision: Revision,
+#[derive(Debug)]
+pub(super) struct Stored {
+    pub(super) create_revision: Revision,
     version: i64,
     lease: LeaseId,
-    value: Box<[u8]>,
+    value: Value,
 }
 
 impl Stored {
-    fn of(kv: &KeyValue) -> Stored {
+    fn of(kv: &KeyValue, values: &mut Values) -> Stored {
         Stored {
             create_revision: kv.create_revision,
             version: kv.version,
             lease: kv.lease,
-            value: kv.value.as_slice().into(),
+            value: values.store(&kv.value),
         }
     }
 
-    fn to_kv(&self, key: &[u8], mod_revision: Revision) -> KeyValue {
-        KeyValue {
+    pub(super) fn to_kv(&self, key: &[u8], mod_revision: Revision, values: &Values) -> Result<KeyValue> {
+        Ok(KeyValue {
             key: key.to_vec(),
             create_revision: self.create_revision,
             mod_revision,
             version: self.version,
-            value: self.value.to_vec(),
+            value: values.load(&self.value)?,
             lease: self.lease,
-        }
+        })
     }
 }
 
 /// One key's versions in revision order; `None` marks a deletion.
-type History = Vec<(Revision, Option<Stored>)>;
+pub(super) type History = Vec<(Revision, Option<Stored>)>;
 
 #[derive(Debug)]
 pub struct MemTable {
     current: Revision,
-    compacted: Revision,
-    keys: BTreeMap<Key, History>,
+    pub(super) compacted: Revision,
+    pub(super) keys: BTreeMap<Key, History>,
     /// Every key change in revision order, in event order within a revision (for watch
     /// catch-up). The events themselves are rebuilt from `keys`, so each version is held once.
-    log: VecDeque<(Revision, Key)>,
+    pub(super) log: VecDeque<(Revision, Key)>,
     leases: HashMap<LeaseId, i64>,
+    pub(super) values: Values,
 }
 
 impl Default for MemTable {
     fn default() -> Self {
-        MemTable { current: 1, compacted: -1, keys: BTreeMap::new(), log: VecDeque::new(), leases: HashMap::new() }
+        MemTable {
+            current: 1,
+            compacted: -1,
+            keys: BTreeMap::new(),
+            log: VecDeque::new(),
+            leases: HashMap::new(),
+            values: Values::default(),
+        }
     }
 }
 
@@ -91,6 +102,11 @@ impl MemTable {
         MemTable { current: revision, ..MemTable::default() }
     }
 
+    /// Like [`MemTable::at`], with the values in a file in `dir` (see `values.rs`).
+    pub fn at_with_values_in(revision: Revision, dir: &Path) -> MemTable {
+        MemTable { current: revision, values: Values::in_file(dir), ..MemTable::default() }
+    }
+
     /// Replica use: records revisions that carry no key change (the log's own bookkeeping).
     pub fn advance(&mut self, revision: Revision) {
         self.current = self.current.max(revision);
@@ -103,28 +119,37 @@ impl MemTable {
 
     /// Replica use: applies one committed revision whose events were decided elsewhere.
     /// `prev_kv` of each event is filled in from this table. Returns the completed events.
-    pub fn apply_committed(&mut self, revision: Revision, events: Vec<Event>) -> RevisionEvents {
-        let mut done = Vec::with_capacity(events.len());
-        for (i, mut event) in events.into_iter().enumerate() {
+    /// Fails only if a previous value cannot be read back (its file); the revision is then not
+    /// applied, and the table should be loaded again.
+    pub fn apply_committed(&mut self, revision: Revision, mut events: Vec<Event>) -> Result<RevisionEvents> {
+        for event in events.iter_mut() {
             event.prev_kv = if event.is_create() {
                 None
             } else {
                 let key = event.kv.key.as_slice();
-                self.keys.get(key).and_then(|h| live_at(h, revision - 1)).map(|(r, v)| v.to_kv(key, r))
+                match self.keys.get(key).and_then(|h| live_at(h, revision - 1)) {
+                    Some((r, v)) => Some(v.to_kv(key, r, &self.values)?),
+                    None => None,
+                }
             };
-            let _ = self.append(revision, i, &event);
-            done.push(event);
         }
-        let ev = RevisionEvents { revision, events: done };
+        for (i, event) in events.iter().enumerate() {
+            let _ = self.append(revision, i, event);
+        }
+        let ev = RevisionEvents { revision, events };
         self.log_events(&ev);
         self.current = self.current.max(revision);
-        ev
+        Ok(ev)
     }
 
     /// Runs a write op against the current state without keeping it: the response and the
     /// events it would produce (at `current + 1`). The table is unchanged afterwards.
     pub fn evaluate(&mut self, op: &WriteOp) -> Result<txn::Applied> {
-        let applied = txn::apply(self, op)?;
+        // What is undone right away stays out of the value file.
+        self.values.inline_only = true;
+        let applied = txn::apply(self, op);
+        self.values.inline_only = false;
+        let applied = applied?;
         if let Some(ev) = &applied.events {
             for e in ev.events.iter().rev() {
                 let key = e.kv.key.as_slice();
@@ -191,13 +216,18 @@ impl MemTable {
 
     pub fn compact(&mut self, rev: Revision) -> Result<()> {
         txn::check_compact(rev, self.current, self.compacted)?;
+        let values = &mut self.values;
         self.keys.retain(|_, history| {
             // Keep the newest version at or before `rev` (a deletion only if it is at `rev`
             // itself, as etcd does), and all later ones.
             let keep_from = history.iter().rposition(|(r, _)| *r <= rev);
             if let Some(i) = keep_from {
                 let gone = history[i].1.is_none() && history[i].0 < rev;
-                history.drain(..if gone { i + 1 } else { i });
+                for (_, version) in history.drain(..if gone { i + 1 } else { i }) {
+                    if let Some(v) = version {
+                        values.release(&v.value);
+                    }
+                }
             }
             !history.is_empty()
         });
@@ -217,76 +247,25 @@ impl MemTable {
         }
         self.log.shrink_to_fit();
         self.compacted = rev;
+        if self.values.wants_rewrite()
+            && let Err(e) = self.rewrite_values()
+        {
+            // The old file still serves; the next compaction tries again.
+            tracing::warn!(error = %e, "cannot reclaim the dead space of the replica's value file");
+        }
         Ok(())
     }
 
-    pub fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
-        if after + 1 < self.compacted {
-            return Err(Error::Compacted { compact_revision: self.compacted });
+    /// Copies the live values to a new file (the old one is closed, and so freed).
+    fn rewrite_values(&mut self) -> Result<()> {
+        let Some(mut rewrite) = self.values.begin_rewrite()? else { return Ok(()) };
+        for value in self.keys.values().flat_map(|h| h.iter().filter_map(|(_, v)| v.as_ref().map(|v| &v.value))) {
+            rewrite.copy(&self.values, value)?;
         }
-        let mut out: Vec<RevisionEvents> = Vec::new();
-        if after >= until {
-            return Ok(out);
-        }
-        let from = self.log.partition_point(|(r, _)| *r <= after);
-        let mut seen: HashMap<&[u8], usize> = HashMap::new();
-        let mut current = None;
-        for (rev, key) in self.log.range(from..).take_while(|(r, _)| *r <= until) {
-            if current != Some(*rev) {
-                current = Some(*rev);
-                seen.clear();
-            }
-            // A key can change twice in one revision: its nth entry is its nth change.
-            let nth = seen.entry(key).or_default();
-            *nth += 1;
-            if !range.contains(key) {
-                continue;
-            }
-            if let Some(event) = self.event_at(key, *rev, *nth - 1) {
-                match out.last_mut() {
-                    Some(last) if last.revision == *rev => last.events.push(event),
-                    _ => out.push(RevisionEvents { revision: *rev, events: vec![event] }),
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    fn log_events(&mut self, ev: &RevisionEvents) {
-        // Revisions arrive in order; the log is kept sorted whatever happens.
-        let at = self.log.partition_point(|(r, _)| *r <= ev.revision);
-        for (i, e) in ev.events.iter().enumerate() {
-            let key = self
-                .keys
-                .get_key_value(e.kv.key.as_slice())
-                .map_or_else(|| Key::from(e.kv.key.as_slice()), |(k, _)| k.clone());
-            self.log.insert(at + i, (ev.revision, key));
-        }
-    }
-
-    /// The `nth` change of `key` at `rev` (a key can change twice in one revision), rebuilt
-    /// from its history: the version written then (a deletion carries only the key and
-    /// revision, as in etcd) and, as etcd reports it, the key's version at the revision before
-    /// (none for a creation). Compaction keeps the version live at the compact revision, so
-    /// that is held unless compaction removed it (then, as at the compact revision itself,
-    /// there is none).
-    fn event_at(&self, key: &[u8], rev: Revision, nth: usize) -> Option<Event> {
-        let history = self.keys.get(key)?;
-        let first = history.partition_point(|(r, _)| *r < rev);
-        let (r, version) = history.get(first + nth)?;
-        if *r != rev {
-            return None;
-        }
-        let before = history[..first].last().and_then(|(r, v)| v.as_ref().map(|v| v.to_kv(key, *r)));
-        let event = match version {
-            Some(v) => Event { kind: EventKind::Put, kv: v.to_kv(key, rev), prev_kv: before },
-            None => Event {
-                kind: EventKind::Delete,
-                kv: KeyValue { key: key.to_vec(), mod_revision: rev, ..Default::default() },
-                prev_kv: before,
-            },
-        };
-        Some(if event.is_create() { Event { prev_kv: None, ..event } } else { event })
+        let values =
+            self.keys.values_mut().flat_map(|h| h.iter_mut().filter_map(|(_, v)| v.as_mut().map(|v| &mut v.value)));
+        self.values.finish_rewrite(rewrite, values);
+        Ok(())
     }
 
     pub fn lease_list(&self) -> Vec<(LeaseId, i64)> {
@@ -307,7 +286,7 @@ impl ReadView for MemTable {
         let mut out = Vec::new();
         for (key, history) in self.keys_in(range) {
             if let Some((r, v)) = live_at(history, rev) {
-                out.push(v.to_kv(key, r));
+                out.push(v.to_kv(key, r, &self.values)?);
                 if limit > 0 && out.len() == limit {
                     break;
                 }
@@ -349,7 +328,7 @@ impl WriteView for MemTable {
     }
     fn append(&mut self, rev: Revision, _index: usize, event: &Event) -> Result<()> {
         let version = match event.kind {
-            EventKind::Put => Some(Stored::of(&event.kv)),
+            EventKind::Put => Some(Stored::of(&event.kv, &mut self.values)),
             EventKind::Delete => None,
         };
         let key = event.kv.key.as_slice();
@@ -386,16 +365,16 @@ mod tests {
     fn history_floor_finds_histories_cut_above_the_compact_revision() {
         let mut t = MemTable::at(0);
         // "a": kept at the compact revision 5, then updated: complete.
-        t.apply_committed(4, vec![put("a", 4, 3)]);
-        t.apply_committed(7, vec![put("a", 7, 4)]);
+        t.apply_committed(4, vec![put("a", 4, 3)]).unwrap();
+        t.apply_committed(7, vec![put("a", 7, 4)]).unwrap();
         // "b": created after the compaction: complete.
-        t.apply_committed(8, vec![put("b", 8, 1)]);
+        t.apply_committed(8, vec![put("b", 8, 1)]).unwrap();
         assert_eq!(t.history_floor(5), -1);
         // "c": its oldest version held is version 6, above the compact revision: older ones
         // were dropped.
-        t.apply_committed(9, vec![put("c", 9, 6)]);
+        t.apply_committed(9, vec![put("c", 9, 6)]).unwrap();
         // "d": starts with a deletion above the compact revision: its versions are missing.
-        t.apply_committed(10, vec![delete("d", 10)]);
+        t.apply_committed(10, vec![delete("d", 10)]).unwrap();
         assert_eq!(t.history_floor(5), 10);
         assert_eq!(t.history_floor(9), 10);
         assert_eq!(t.history_floor(10), -1);
