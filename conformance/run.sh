@@ -159,8 +159,11 @@ fi
 
 if [[ "$BACKEND" == postgres ]]; then
     # One throwaway PostgreSQL server for the whole run; each test uses a database of its own,
-    # which kine-rs creates.
+    # which kine-rs creates. Without fsync, as the upstream harness runs its etcd
+    # (testserver.RunEtcd sets UnsafeNoFsync): TestCompact gives a compaction cycle (two commits)
+    # 100 ms, and on a busy CI disk one fsync'ed commit took 15-64 ms (log_min_duration_statement).
     source "$REPO_ROOT/scripts/pg-throwaway.sh"
+    export PG_THROWAWAY_OPTIONS="-c fsync=off -c synchronous_commit=off"
     pg_throwaway_start || die "cannot start PostgreSQL"
     trap pg_throwaway_stop EXIT
     export KINE_RS_PG_URL="$PG_THROWAWAY_URL"

@@ -5,7 +5,8 @@
 #   pg_throwaway_stop         # stops it and removes its data
 #
 # initdb into a new directory under /tmp, a password user `kine`, TCP on 127.0.0.1 only,
-# max_connections=300. As root it runs as the `postgres` user (PostgreSQL refuses root).
+# max_connections=300, plus any server options in $PG_THROWAWAY_OPTIONS ("-c name=value …").
+# As root it runs as the `postgres` user (PostgreSQL refuses root).
 # Binaries from $PG_BIN, or the newest /usr/lib/postgresql/*/bin (Debian's postgresql).
 
 pg_throwaway_start() {
@@ -33,7 +34,7 @@ pg_throwaway_start() {
     port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
     if ! (cd / && "${PG_THROWAWAY_AS[@]}" "$PG_THROWAWAY_BIN/pg_ctl" -D "$PG_THROWAWAY_DIR/data" \
         -l "$PG_THROWAWAY_DIR/server.log" -w -t 60 start \
-        -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$PG_THROWAWAY_DIR -c max_connections=300" \
+        -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$PG_THROWAWAY_DIR -c max_connections=300 ${PG_THROWAWAY_OPTIONS:-}" \
         >/dev/null); then
         tail -20 "$PG_THROWAWAY_DIR/server.log" >&2
         return 1
