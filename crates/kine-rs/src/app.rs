@@ -63,13 +63,6 @@ pub(crate) fn local_server(_: &Embedded) -> Option<Arc<dyn kine_backend_nats::Lo
     None
 }
 
-/// Where the NATS replica keeps the bucket's values: the system's temporary directory, never
-/// the embedded server's store (JetStream sizes its limit from that disk's free space, and a
-/// file beside it would fill the disk before the limit is reached).
-pub(crate) fn values_dir() -> std::path::PathBuf {
-    std::env::temp_dir()
-}
-
 #[cfg(feature = "embedded-nats")]
 pub(crate) async fn start_embedded(
     config: kine_backend_nats::config::NatsConfig,
@@ -189,7 +182,7 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             let max_request_bytes = cli.max_request_bytes as usize;
             let (embedded, config) = start_embedded(*config, max_request_bytes, stop).await?;
             let local = local_server(&embedded);
-            let values_dir = Some(values_dir());
+            let values_dir = Some(crate::values_dir::values_dir());
             let options =
                 kine_backend_nats::NatsOptions { config, tls, max_request_bytes, local, read_only: false, values_dir };
             // Opening waits for NATS (connection, a forming cluster, loading the bucket): a
