@@ -258,14 +258,13 @@ impl MemTable {
 
     /// Copies the live values to a new file (the old one is closed, and so freed).
     fn rewrite_values(&mut self) -> Result<()> {
-        let Some(mut rewrite) = self.values.begin_rewrite()? else { return Ok(()) };
-        for value in self.keys.values().flat_map(|h| h.iter().filter_map(|(_, v)| v.as_ref().map(|v| &v.value))) {
-            rewrite.copy(&self.values, value)?;
-        }
-        let values =
-            self.keys.values_mut().flat_map(|h| h.iter_mut().filter_map(|(_, v)| v.as_mut().map(|v| &mut v.value)));
-        self.values.finish_rewrite(rewrite, values);
-        Ok(())
+        let mut live: Vec<&mut Value> = self
+            .keys
+            .values_mut()
+            .flat_map(|h| h.iter_mut().filter_map(|(_, v)| v.as_mut().map(|v| &mut v.value)))
+            .filter(|v| matches!(v, Value::File { .. }))
+            .collect();
+        self.values.rewrite(&mut live)
     }
 
     pub fn lease_list(&self) -> Vec<(LeaseId, i64)> {

@@ -21,6 +21,11 @@ const INLINE_MAX: usize = 24;
 const REWRITE_MIN_DEAD: u64 = 64 << 20;
 #[cfg(test)]
 const REWRITE_MIN_DEAD: u64 = 4 << 10;
+/// A rewrite reads and writes this much at a time (less in tests, to cross the boundaries).
+#[cfg(not(test))]
+const COPY_BYTES: usize = 4 << 20;
+#[cfg(test)]
+const COPY_BYTES: usize = 300;
 
 /// One value: its bytes, or where they are in the file.
 #[derive(Debug)]
@@ -132,25 +137,55 @@ impl Values {
         self.file.as_ref().is_some_and(|f| f.dead >= REWRITE_MIN_DEAD && f.dead * 2 > f.end)
     }
 
-    /// Starts reclaiming the dead space: the live values are copied with [`Rewrite::copy`] into
-    /// a new file, then [`Values::finish_rewrite`] points them there, visited in the same order.
-    /// Until then the old file serves, and stays as it was if the rewrite is given up.
-    pub(super) fn begin_rewrite(&self) -> Result<Option<Rewrite>> {
-        let Some(old) = self.file.as_ref() else { return Ok(None) };
-        Ok(Some(Rewrite { new: ValueFile::create(&old.dir).map_err(rewrite_error)?, buf: Vec::new() }))
-    }
-
-    pub(super) fn finish_rewrite<'a>(&mut self, rewrite: Rewrite, values: impl Iterator<Item = &'a mut Value>) {
-        // Copied in this order: each value's new offset is the sum of the lengths before it.
-        let mut offset = 0;
-        for value in values {
-            if let Value::File { offset: at, len } = value {
-                *at = offset;
-                offset += u64::from(*len);
+    /// Reclaims the dead space: copies `live` (every value of the table kept in the file) to a
+    /// new file in the order of their offsets, reading the old file in large sequential pieces,
+    /// then points them there and serves from the new file. If that fails, nothing changed.
+    pub(super) fn rewrite(&mut self, live: &mut [&mut Value]) -> Result<()> {
+        let Some(old) = self.file.as_ref() else { return Ok(()) };
+        let mut new = ValueFile::create(&old.dir).map_err(rewrite_error)?;
+        live.sort_unstable_by_key(|v| extent(v).0);
+        let mut moved_to = Vec::with_capacity(live.len());
+        let (mut window, mut out) = (Vec::new(), Vec::with_capacity(COPY_BYTES));
+        let mut i = 0;
+        while i < live.len() {
+            // One read: the values from the ith on that lie within COPY_BYTES of it (at least one).
+            let start = extent(live[i]).0;
+            let mut end = start;
+            let mut j = i;
+            while j < live.len() {
+                let (offset, len) = extent(live[j]);
+                let value_end = offset + u64::from(len);
+                if j > i && value_end - start > COPY_BYTES as u64 {
+                    break;
+                }
+                end = end.max(value_end);
+                j += 1;
+            }
+            window.resize((end - start) as usize, 0);
+            old.file.read_exact_at(&mut window, start).map_err(rewrite_error)?;
+            for v in &live[i..j] {
+                let (offset, len) = extent(v);
+                let at = (offset - start) as usize;
+                moved_to.push(new.end + out.len() as u64);
+                out.extend_from_slice(&window[at..at + len as usize]);
+                if out.len() >= COPY_BYTES {
+                    new.append(&out).map_err(rewrite_error)?;
+                    out.clear();
+                }
+            }
+            i = j;
+        }
+        new.append(&out).map_err(rewrite_error)?;
+        for (v, to) in live.iter_mut().zip(moved_to) {
+            if let Value::File { offset, .. } = v {
+                *offset = to;
             }
         }
-        debug_assert_eq!(offset, rewrite.new.end);
-        self.file = Some(rewrite.new);
+        // Closing the old file frees its pages (a tenth of a second per 768 MB here): on a
+        // thread of its own, not under the table's lock. If none can be started, here.
+        let old = self.file.replace(new);
+        let _ = std::thread::Builder::new().name("value-file-close".into()).spawn(move || drop(old));
+        Ok(())
     }
 
     /// Bytes in the file: (all, dead).
@@ -160,20 +195,11 @@ impl Values {
     }
 }
 
-/// A new value file being filled (`Values::begin_rewrite`).
-pub(super) struct Rewrite {
-    new: ValueFile,
-    buf: Vec<u8>,
-}
-
-impl Rewrite {
-    pub(super) fn copy(&mut self, from: &Values, value: &Value) -> Result<()> {
-        if let (Value::File { offset, len }, Some(old)) = (value, from.file.as_ref()) {
-            self.buf.resize(*len as usize, 0);
-            old.file.read_exact_at(&mut self.buf, *offset).map_err(rewrite_error)?;
-            self.new.append(&self.buf).map_err(rewrite_error)?;
-        }
-        Ok(())
+/// Where a value is in the file: (offset, length); (0, 0) for one in memory.
+fn extent(value: &Value) -> (u64, u32) {
+    match value {
+        Value::File { offset, len } => (*offset, *len),
+        Value::Inline(_) => (0, 0),
     }
 }
 
@@ -219,8 +245,13 @@ mod tests {
         let mut rewrites = 0;
         for round in 0..12 {
             for i in 0..40 {
-                // Short values stay in memory, the others go to the file.
-                let v = if i % 7 == 0 { b"short".to_vec() } else { value(i, round) };
+                // Short values stay in memory, the others go to the file; one is longer than
+                // what a rewrite copies at a time.
+                let v = match i {
+                    _ if i % 7 == 0 => b"short".to_vec(),
+                    3 => value(i, round).repeat(10),
+                    _ => value(i, round),
+                };
                 for t in [&mut file, &mut memory] {
                     t.apply(&put(&format!("k{i}"), v.clone())).unwrap();
                 }
