@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 /// How long an empty mirror may report an error before start-up gives up.
 const MIRROR_ERROR_PATIENCE: Duration = Duration::from_secs(10);
+/// How long a node waits for a bucket's marker another node has just written to be readable.
+const MARKER_PATIENCE: Duration = Duration::from_secs(5);
 
 /// What a read-only copy follows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -387,12 +389,23 @@ async fn own_marker(
             cfg.bucket
         ),
     }
-    // Written just now (by this node or another): read it back for its time.
-    let m = stream
-        .get_last_raw_message_by_subject(&init)
-        .await
-        .with_context(|| format!("read bucket {}'s marker", cfg.bucket))?;
-    Ok((stored, birth(&m)))
+    // Written just now (by this node or another): read it back for its time. When another
+    // node's marker was still being stored, the leader refused this node's with a wrong last
+    // sequence but does not hold it yet (seen in CI with three nodes starting on a new
+    // three-server cluster): wait for it a little.
+    let started = Instant::now();
+    loop {
+        match stream.get_last_raw_message_by_subject(&init).await {
+            Ok(m) => return Ok((stored, birth(&m))),
+            Err(e)
+                if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound
+                    && started.elapsed() < MARKER_PATIENCE =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(anyhow!("read bucket {}'s marker: {e}", cfg.bucket)),
+        }
+    }
 }
 
 /// `<bucket>-meta`: a mirror of the origin's on a copy (created if missing); otherwise a KV bucket
