@@ -34,6 +34,10 @@ pub async fn run(backend: Arc<dyn Backend>, options: CompactOptions, mut shutdow
             _ = shutdown.wait() => return,
             _ = ticker.tick() => {}
         }
+        // A read-only copy's origin compacts; the copy follows its compactions.
+        if backend.role().refusal().is_some() {
+            continue;
+        }
         // kine's kine_compact_total: one per run; "error" unless it succeeded or found the
         // revision compacted already (by another node).
         let result = match compact_once(&*backend, &options).await {

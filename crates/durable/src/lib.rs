@@ -1,11 +1,13 @@
-//! S3 durability for kine-rs's datastores (issue 23; in progress, not wired into the binary
-//! yet): every committed revision shipped to object storage as WAL segments, checkpoints of
-//! the whole key space, a manifest naming the newest checkpoint, a writer lock with a term, and
-//! the restore that rebuilds a store from them. It works through the core `Backend` API, so it
-//! knows no SQL.
-
+//! S3 durability for kine-rs's SQLite datastore (`--s3-bucket`, docs/s3.md): every committed
+//! revision shipped to object storage as WAL segments, checkpoints of the whole key space, a
+//! manifest naming the newest checkpoint, a writer lock with a term, the restore that rebuilds a
+//! store from them, and followers that serve a read-only copy until they take the lock. It
+//! works through the core `Backend` API, so it knows no SQL.
 pub mod backend;
 pub mod checkpoint;
+pub mod copy;
+pub mod follow;
+pub mod following;
 pub mod keeper;
 pub mod lock;
 pub mod manifest;

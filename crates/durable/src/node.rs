@@ -98,6 +98,18 @@ pub async fn start(
 ) -> anyhow::Result<Started> {
     let mut lock = Contender::new(store.clone(), &options.node, &options.address, options.lease);
     let (term, held_until) = acquire(&mut lock, options.lease).await?;
+    start_held(store, backend, options, lock, term, held_until).await
+}
+
+/// [`start`] with the writer lock taken already (as `term`, until `held_until`).
+pub async fn start_held(
+    store: Arc<dyn ObjectStore>,
+    backend: Arc<dyn Backend>,
+    options: &Options,
+    lock: Contender,
+    term: u64,
+    held_until: Instant,
+) -> anyhow::Result<Started> {
     // Renewed from now on: a restore or a first checkpoint may take longer than the lease.
     let keeper = Keeper::start(lock, held_until, options.lease);
     let revisions = backend.revisions().await.map_err(e)?;

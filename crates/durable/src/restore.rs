@@ -70,6 +70,21 @@ impl NextTerms {
     }
 }
 
+/// Where segments are applied.
+pub(crate) enum Target<'a> {
+    /// A store being restored: each segment as one import.
+    Import(&'a dyn Backend),
+    /// A follower's copy: each revision as committed (see `copy`).
+    Copy(&'a kine_core::memory::MemoryBackend, &'a tokio::sync::broadcast::Sender<kine_core::backend::LeaseUpdate>),
+}
+
+/// The segments cannot be applied after what was applied: one is missing (removed by a
+/// checkpoint, or lost), or one repeats revisions already applied. A follower that meets this
+/// cannot go on from where it is.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unfollowable(pub String);
+
 fn e(err: kine_core::Error) -> anyhow::Error {
     anyhow::anyhow!("{err}")
 }
@@ -132,6 +147,23 @@ pub async fn restore(
     target: &dyn Backend,
     until: Option<Revision>,
 ) -> anyhow::Result<Restored> {
+    let until = until.unwrap_or(Revision::MAX);
+    let mut done = restore_checkpoint(store, target, until).await?;
+    let names = segments_after(store, done.last_segment).await?;
+    apply_segments(store, &names, &mut done, until, Target::Import(target)).await?;
+    if until != Revision::MAX && done.revision < until {
+        anyhow::bail!("revision {until} was never shipped: the newest is {}", done.revision);
+    }
+    Ok(done)
+}
+
+/// The first step of a restore into the empty store `target`: the newest checkpoint at or
+/// before `until`, if the prefix holds one.
+pub(crate) async fn restore_checkpoint(
+    store: &dyn ObjectStore,
+    target: &dyn Backend,
+    until: Revision,
+) -> anyhow::Result<Restored> {
     let revisions = target.revisions().await.map_err(e)?;
     if revisions.current > 1 {
         anyhow::bail!("the store to restore into is at revision {}: it must be empty", revisions.current);
@@ -139,7 +171,6 @@ pub async fn restore(
     let Some((manifest, _)) = manifest::read(store, None).await? else {
         anyhow::bail!("no kine-rs store here: the prefix holds no {}", manifest::KEY);
     };
-    let until = until.unwrap_or(Revision::MAX);
     let mut done = Restored { revision: 1, ..Restored::default() };
     // The newest checkpoint at or before `until`.
     let kept = [&manifest.checkpoint, &manifest.previous];
@@ -157,10 +188,28 @@ pub async fn restore(
         (done.revision, done.checkpoint, done.last_segment) =
             (checkpoint.revision, Some(checkpoint.revision), checkpoint.after_segment);
     }
-    let mut names: Vec<(u64, u64)> = store.list("wal/").await?.iter().filter_map(|n| segment::parse_name(n)).collect();
+    Ok(done)
+}
+
+/// The segments after `after` (term, number), sorted.
+pub(crate) async fn segments_after(store: &dyn ObjectStore, after: (u64, u64)) -> anyhow::Result<Vec<(u64, u64)>> {
+    let listed = store.list_after("wal/", &segment::object_name(after.0, after.1)).await?;
+    let mut names: Vec<(u64, u64)> =
+        listed.iter().filter_map(|n| segment::parse_name(n)).filter(|n| *n > after).collect();
     names.sort();
-    let after = done.last_segment;
-    let names: Vec<(u64, u64)> = names.into_iter().filter(|n| *n > after).collect();
+    Ok(names)
+}
+
+/// Applies the segments `names` (sorted, all after `done.last_segment`) to `target` in order,
+/// up to revision `until`, advancing `done`: what a restore does after its checkpoint, and what
+/// a follower does with the segments shipped since it last looked.
+pub(crate) async fn apply_segments(
+    store: &dyn ObjectStore,
+    names: &[(u64, u64)],
+    done: &mut Restored,
+    until: Revision,
+    target: Target<'_>,
+) -> anyhow::Result<()> {
     let mut next_terms = NextTerms::default();
     for (i, &name) in names.iter().enumerate() {
         if done.revision >= until {
@@ -178,25 +227,35 @@ pub async fn restore(
         // revision (a lease or auth change) is found too.
         let expected = if name.0 == done.last_segment.0 { done.last_segment.1 + 1 } else { 1 };
         if name.1 != expected {
-            anyhow::bail!(
+            return Err(Unfollowable(format!(
                 "{} is missing (the segments of term {} go on with {object}): revisions or lease changes are missing",
                 segment::object_name(name.0, expected),
                 name.0
-            );
+            ))
+            .into());
         }
         let body = store.get(&object).await?.ok_or_else(|| anyhow::anyhow!("{object} vanished during the restore"))?;
         let segment = Segment::decode(&body.body).map_err(|err| anyhow::anyhow!("{object}: {err}"))?;
         if segment.term != name.0 {
             anyhow::bail!("{object} says it is of term {}: damaged or misplaced", segment.term);
         }
+        if segment.first_revision <= done.revision {
+            return Err(Unfollowable(format!(
+                "{object} starts at revision {}, which the store holds already (up to {}): a segment its writer \
+                 uploaded after losing the writer lock was applied before the next term's first segment was seen",
+                segment.first_revision, done.revision
+            ))
+            .into());
+        }
         if segment.first_revision != done.revision + 1 {
-            anyhow::bail!(
+            return Err(Unfollowable(format!(
                 "{object} starts at revision {}, the revisions before it end at {}: revisions {}..{} are missing",
                 segment.first_revision,
                 done.revision,
                 done.revision + 1,
                 segment.first_revision - 1
-            );
+            ))
+            .into());
         }
         let Some(Record::Committed { revision: last }) = segment.records.last().cloned() else {
             anyhow::bail!("{object} does not end with its commit record: damaged");
@@ -207,12 +266,12 @@ pub async fn restore(
             .into_iter()
             .filter(|r| !matches!(r, Record::Version { revision, .. } if *revision > end))
             .collect();
-        done.versions += apply(target, records, end).await?;
+        done.versions += match &target {
+            Target::Import(backend) => apply(*backend, records, end).await?,
+            Target::Copy(replica, leases) => crate::copy::apply_committed(replica, leases, records, end).await?,
+        };
         (done.revision, done.last_segment) = (end, name);
         done.segments += 1;
     }
-    if until != Revision::MAX && done.revision < until {
-        anyhow::bail!("revision {until} was never shipped: the newest is {}", done.revision);
-    }
-    Ok(done)
+    Ok(())
 }

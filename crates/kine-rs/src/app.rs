@@ -270,7 +270,8 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         }
     };
     // S3 durability: the bucket and the database brought together (a restore into an empty
-    // one) before anything is served.
+    // one) before anything is served; or, while another node holds the writer lock, a
+    // read-only copy of the bucket's store served until this node takes over.
     let (backend, s3) = match crate::s3::attach(&cli, backend, &bound.client_url, &stop, &trigger).await {
         Ok(Some(attached)) => attached,
         other => {

@@ -3,7 +3,8 @@
 
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
-use kine_durable::node::{self, Options};
+use kine_durable::follow::Begun;
+use kine_durable::node::Options;
 use kine_objstore::{S3Config, S3Store, StaticKeys};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -157,27 +158,49 @@ pub async fn start(
         node: node_name.to_string(),
         address: address.to_string(),
     };
-    let started =
-        node::start(store, backend.clone(), &options).await.with_context(|| format!("--s3-bucket: {shown}"))?;
-    tracing::info!(
-        target = %shown,
-        sync = args.s3_sync,
-        ship_interval = ?args.s3_ship_interval,
-        revision = *started.handle.shipped.borrow(),
-        "shipping the datastore to S3"
-    );
-    let served: Arc<dyn Backend> =
-        Arc::new(kine_durable::backend::Durable::new(backend, started.handle.clone(), args.s3_sync));
+    let begun = kine_durable::follow::begin(store, backend.clone(), &options, args.s3_sync)
+        .await
+        .with_context(|| format!("--s3-bucket: {shown}"))?;
     let failure = Arc::new(Mutex::new(None));
     let failed = failure.clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        if let Err(err) = started.runner.run(async move { stopped.await.unwrap_or_default() }).await {
-            tracing::error!(error = format!("{err:#}"), "S3 shipping stopped; kine-rs stops");
-            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
-            trigger.trigger();
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let report = move |err: anyhow::Error| {
+        tracing::error!(error = format!("{err:#}"), "S3 shipping stopped; kine-rs stops");
+        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
+        trigger.trigger();
+    };
+    let (served, task): (Arc<dyn Backend>, _) = match begun {
+        Begun::Writer(started) => {
+            tracing::info!(
+                target = %shown,
+                sync = args.s3_sync,
+                ship_interval = ?args.s3_ship_interval,
+                revision = *started.handle.shipped.borrow(),
+                "shipping the datastore to S3"
+            );
+            let served = Arc::new(kine_durable::backend::Durable::new(backend, started.handle.clone(), args.s3_sync));
+            let task = tokio::spawn(async move {
+                if let Err(err) = started.runner.run(async move { stopped.await.unwrap_or_default() }).await {
+                    report(err);
+                }
+            });
+            (served, task)
         }
-    });
+        Begun::Following(following, follower) => {
+            let task = tokio::spawn(async move {
+                let mut stop = std::pin::pin!(async { (&mut stopped).await.unwrap_or_default() });
+                let result = match follower.run(&mut stop).await {
+                    Ok(Some(runner)) => runner.run(stop).await,
+                    Ok(None) => Ok(()),
+                    Err(err) => Err(err),
+                };
+                if let Err(err) = result {
+                    report(err);
+                }
+            });
+            (following, task)
+        }
+    };
     Ok((served, Running { task, failure, stop }))
 }
 

@@ -41,6 +41,18 @@ fn start(dir: &std::path::Path, s3: &[String], extra: &[&str]) -> Server {
     Server::start(&args)
 }
 
+/// [`start`], returning once the node writes: one that finds the writer lock still held (a
+/// killed writer's, until its lease runs out) serves a read-only copy first.
+fn start_writing(dir: &std::path::Path, s3: &[String], extra: &[&str]) -> Server {
+    let node = start(dir, s3, extra);
+    let begun = std::time::Instant::now();
+    while !node.log().contains("shipping the datastore to S3") && !node.log().contains("took the S3 writer lock") {
+        assert!(begun.elapsed() < std::time::Duration::from_secs(30), "the node does not write: {}", node.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    node
+}
+
 /// kine-rs with these flags fails at start; its stderr.
 fn refused(dir: &std::path::Path, s3: &[String], extra: &[&str]) -> String {
     let endpoint = db_endpoint(dir);
@@ -82,7 +94,7 @@ async fn a_lost_disk_comes_back_from_s3() {
 
     // A node on an empty data directory restores the store: keys, a past revision, the lease
     // and its key, the compact revision, the user.
-    let node = start(second.path(), &s3, &[]);
+    let node = start_writing(second.path(), &s3, &[]);
     assert!(node.log().contains("restored the store from S3"), "{}", node.log());
     let mut c = node.client().await;
     assert_eq!(everything(&mut c).await, before);
@@ -346,7 +358,7 @@ async fn a_stalled_s3_fails_writes_cleanly_and_loses_nothing() {
     drop(c);
     node.signal("KILL");
     drop(node);
-    let node = start(restored.path(), &s3, &[]);
+    let node = start_writing(restored.path(), &s3, &[]);
     assert_eq!(everything(&mut node.client().await).await, after, "{}", node.log());
 
     // Stalled past the lease (6 s): the writer stops with an error naming the lock.
@@ -367,13 +379,13 @@ async fn an_empty_database_takes_over_a_prefix_that_never_wrote() {
     let node = start(first.path(), &s3, &[]);
     node.signal("KILL");
     drop(node);
-    let node = start(second.path(), &s3, &[]);
+    let node = start_writing(second.path(), &s3, &[]);
     let mut c = node.client().await;
     c.put("k", "v", None).await.unwrap();
     assert_eq!(everything(&mut c).await.0, 2, "{}", node.log());
 }
 
-/// A standby on the same folder (waiting for the writer lock, not serving) takes over when the
+/// A standby on the same folder (serving a read-only copy while it waits for the writer lock) takes over when the
 /// writer is killed mid-load: within the lease plus a restore, with every write the writer
 /// acknowledged (`--s3-sync`), revisions going on from there; the killed writer's database is
 /// then another store's, refused. Prints `S3-TAKEOVER` with the measured time.
@@ -405,17 +417,22 @@ async fn a_standby_takes_over_a_killed_writer_with_every_acknowledged_write() {
         let (dir, s3) = (second.path().to_path_buf(), s3.clone());
         tokio::task::spawn_blocking(move || start(&dir, &s3, &[]))
     };
-    // The kill comes once the standby has had time to start waiting and the writer has
+    // The kill comes once the standby serves its read-only copy and the writer has
     // acknowledged a few dozen writes (which takes longer on a busy machine).
     let begun = std::time::Instant::now();
     while begun.elapsed() < std::time::Duration::from_millis(1500) || acked.lock().unwrap().len() < 30 {
         assert!(begun.elapsed() < std::time::Duration::from_secs(60), "the writer acknowledged too few writes");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    let standby = standby.await.unwrap();
+    assert!(standby.log().contains("serving a read-only copy"), "{}", standby.log());
     writer.signal("KILL");
     let killed = std::time::Instant::now();
     let attempted = load.await.unwrap();
-    let standby = standby.await.unwrap();
+    while !standby.log().contains("took the S3 writer lock") {
+        assert!(killed.elapsed() < std::time::Duration::from_secs(20), "no takeover: {}", standby.log());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let took = killed.elapsed();
     println!("S3-TAKEOVER lease 2s: serving {took:?} after the writer was killed ({attempted} writes attempted)");
     assert!(standby.log().contains("restored the store from S3"), "{}", standby.log());

@@ -31,6 +31,11 @@ pub trait ObjectStore: Send + Sync + 'static {
     async fn put_if_match(&self, key: &str, body: Bytes, etag: &str) -> anyhow::Result<Option<String>>;
     /// The keys under `prefix`, in S3's order (bytewise).
     async fn list(&self, prefix: &str) -> anyhow::Result<Vec<String>>;
+    /// The keys under `prefix` that sort after `after`, in S3's order: what a reader that
+    /// follows a growing list of objects asks for.
+    async fn list_after(&self, prefix: &str, after: &str) -> anyhow::Result<Vec<String>> {
+        Ok(self.list(prefix).await?.into_iter().filter(|k| k.as_str() > after).collect())
+    }
     /// Removes the object (nothing if it is gone).
     async fn delete(&self, key: &str) -> anyhow::Result<()>;
 }

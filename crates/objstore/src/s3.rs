@@ -159,6 +159,29 @@ fn failed<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(
     anyhow::anyhow!("{what}: {detail}")
 }
 
+impl S3Store {
+    /// One LIST (a page per 1,000 keys), from after `after` when given.
+    async fn list_from(&self, prefix: &str, after: Option<&str>) -> anyhow::Result<Vec<String>> {
+        let full = self.key(prefix);
+        let mut keys = Vec::new();
+        let request = self.client.list_objects_v2().bucket(&self.bucket).prefix(&full);
+        let request = match after {
+            Some(after) => request.start_after(self.key(after)),
+            None => request,
+        };
+        let mut pages = request.into_paginator().send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| failed(format!("list s3://{}/{full}", self.bucket), e))?;
+            for object in page.contents() {
+                if let Some(k) = object.key().and_then(|k| k.strip_prefix(&self.prefix)) {
+                    keys.push(k.to_string());
+                }
+            }
+        }
+        Ok(keys)
+    }
+}
+
 #[async_trait::async_trait]
 impl ObjectStore for S3Store {
     async fn get(&self, key: &str) -> anyhow::Result<Option<Object>> {
@@ -227,18 +250,11 @@ impl ObjectStore for S3Store {
     }
 
     async fn list(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
-        let full = self.key(prefix);
-        let mut keys = Vec::new();
-        let mut pages = self.client.list_objects_v2().bucket(&self.bucket).prefix(&full).into_paginator().send();
-        while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| failed(format!("list s3://{}/{full}", self.bucket), e))?;
-            for object in page.contents() {
-                if let Some(k) = object.key().and_then(|k| k.strip_prefix(&self.prefix)) {
-                    keys.push(k.to_string());
-                }
-            }
-        }
-        Ok(keys)
+        self.list_from(prefix, None).await
+    }
+
+    async fn list_after(&self, prefix: &str, after: &str) -> anyhow::Result<Vec<String>> {
+        self.list_from(prefix, Some(after)).await
     }
 
     async fn delete(&self, key: &str) -> anyhow::Result<()> {

@@ -44,6 +44,22 @@ impl MemoryBackend {
         }
     }
 
+    /// Applies changes another store committed at `revision` (a copy following it): the
+    /// events get their previous values, go to the change log and out on the feed.
+    pub fn apply_committed(&self, revision: Revision, events: Vec<crate::types::Event>) -> Result<()> {
+        self.with(|t| {
+            if revision <= t.revision() {
+                return Err(Error::InvalidArgument(format!(
+                    "revision {revision} is not after the store's {}",
+                    t.revision()
+                )));
+            }
+            let ev = t.apply_committed(revision, events)?;
+            let _ = self.feed.send(Arc::new(ev));
+            Ok(())
+        })
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut MemTable) -> Result<T>) -> Result<T> {
         let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
         match guard.as_mut() {
