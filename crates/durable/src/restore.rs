@@ -10,6 +10,7 @@
 use crate::checkpoint::Parts;
 use crate::manifest;
 use crate::segment::{self, Record, Segment};
+use futures_util::StreamExt;
 use kine_core::backend::Backend;
 use kine_core::txn::{Import, ImportedVersion, WriteOp};
 use kine_core::{Event, EventKind, KeyValue, LeaseId, Revision};
@@ -69,6 +70,24 @@ impl NextTerms {
         Ok(first.is_some_and(|first| revision >= first))
     }
 }
+
+type Fetched = (usize, (u64, u64), String, anyhow::Result<Option<kine_objstore::Object>>);
+
+/// Segment `name` (the `i`th to apply) and its object name.
+fn fetch(
+    store: &dyn ObjectStore,
+    i: usize,
+    name: (u64, u64),
+) -> std::pin::Pin<Box<dyn Future<Output = Fetched> + Send + '_>> {
+    Box::pin(async move {
+        let object = segment::object_name(name.0, name.1);
+        let body = store.get(&object).await;
+        (i, name, object, body)
+    })
+}
+
+/// Segments fetched at once by a restore or a follower's catch-up.
+const FETCH_AHEAD: usize = 16;
 
 /// Where segments are applied.
 pub(crate) enum Target<'a> {
@@ -211,11 +230,15 @@ pub(crate) async fn apply_segments(
     target: Target<'_>,
 ) -> anyhow::Result<()> {
     let mut next_terms = NextTerms::default();
-    for (i, &name) in names.iter().enumerate() {
+    // Fetched FETCH_AHEAD at a time, applied in order: a restore of many small segments (one
+    // per upload under --s3-sync) waits for S3 once per batch, not once per segment.
+    let mut fetched = futures_util::stream::iter(names.iter().copied().enumerate())
+        .map(|(i, name)| fetch(store, i, name))
+        .buffered(FETCH_AHEAD);
+    while let Some((i, name, object, body)) = fetched.next().await {
         if done.revision >= until {
             break;
         }
-        let object = segment::object_name(name.0, name.1);
         if next_terms.superseded(store, &names[i..], done.revision + 1).await? {
             // Uploaded by a writer that had lost the lock (its upload reached S3 only after the
             // next writer had started from what was there): nothing in it was acknowledged.
@@ -234,7 +257,7 @@ pub(crate) async fn apply_segments(
             ))
             .into());
         }
-        let body = store.get(&object).await?.ok_or_else(|| anyhow::anyhow!("{object} vanished during the restore"))?;
+        let body = body?.ok_or_else(|| anyhow::anyhow!("{object} vanished during the restore"))?;
         let segment = Segment::decode(&body.body).map_err(|err| anyhow::anyhow!("{object}: {err}"))?;
         if segment.term != name.0 {
             anyhow::bail!("{object} says it is of term {}: damaged or misplaced", segment.term);
