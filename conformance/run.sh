@@ -2,7 +2,7 @@
 # Runs the Kubernetes storage test suite (k8s.io/apiserver) unmodified against
 # kine-rs. See README.md.
 #
-#   conformance/run.sh --backend sqlite|memory|nats|nats-embedded|postgres|mysql [--run REGEX] [--bin PATH]
+#   conformance/run.sh --backend sqlite|memory|nats|nats-embedded|postgres|mysql|s3 [--run REGEX] [--bin PATH]
 #                      [--pkg PACKAGE]... [--verbose]
 set -euo pipefail
 
@@ -46,8 +46,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 case "$BACKEND" in
-    sqlite|memory|nats|nats-embedded|postgres|mysql) ;;
-    *) echo "run.sh: --backend sqlite|memory|nats|nats-embedded|postgres|mysql is required" >&2; usage ;;
+    sqlite|memory|nats|nats-embedded|postgres|mysql|s3) ;;
+    *) echo "run.sh: --backend sqlite|memory|nats|nats-embedded|postgres|mysql|s3 is required" >&2; usage ;;
 esac
 [[ ${#PACKAGES[@]} -gt 0 ]] || PACKAGES=("${DEFAULT_PACKAGES[@]}")
 
@@ -178,6 +178,27 @@ if [[ "$BACKEND" == mysql ]]; then
     trap mysql_throwaway_stop EXIT
     export KINE_RS_MYSQL_URL="$MYSQL_THROWAWAY_URL"
     log "MariaDB $MYSQL_THROWAWAY_VERSION on ${MYSQL_THROWAWAY_URL##*@}"
+fi
+
+if [[ "$BACKEND" == s3 ]]; then
+    # One S3-compatible server (versitygw, Apache-2.0) for the whole run; each kine-rs keeps its
+    # SQLite database in a folder of its own of bucket "kine", with --s3-sync.
+    S3_BIN="${VERSITYGW_BIN:-$(command -v versitygw || echo "$HOME/go/bin/versitygw")}"
+    [[ -x "$S3_BIN" ]] || die "versitygw not found (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0, or set VERSITYGW_BIN)"
+    S3_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+    rm -rf "$WORK/s3" && mkdir -p "$WORK/s3/data/kine"
+    export KINE_RS_S3_ACCESS_KEY=conformance-access KINE_RS_S3_SECRET_KEY=conformance-secret-key
+    ROOT_ACCESS_KEY=$KINE_RS_S3_ACCESS_KEY ROOT_SECRET_KEY=$KINE_RS_S3_SECRET_KEY \
+        "$S3_BIN" --port "127.0.0.1:$S3_PORT" posix "$WORK/s3/data" >"$WORK/s3/server.log" 2>&1 &
+    S3_PID=$!
+    trap 'kill $S3_PID 2>/dev/null; wait $S3_PID 2>/dev/null' EXIT
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$S3_PORT") 2>/dev/null && break
+        sleep 0.1
+    done
+    (exec 3<>"/dev/tcp/127.0.0.1/$S3_PORT") 2>/dev/null || die "versitygw did not listen: $(cat "$WORK/s3/server.log")"
+    export KINE_RS_S3_URL="http://127.0.0.1:$S3_PORT"
+    log "versitygw on $KINE_RS_S3_URL"
 fi
 
 # Compile first with the default parallelism (both cores)...

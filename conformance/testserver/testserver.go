@@ -10,10 +10,12 @@
 // Configuration comes from the environment:
 //
 //	KINE_RS_BIN         path of the kine-rs binary (required)
-//	KINE_RS_BACKEND     sqlite (default), memory, nats, nats-embedded, postgres or mysql; see endpointFor
+//	KINE_RS_BACKEND     sqlite (default), memory, nats, nats-embedded, postgres, mysql or s3; see endpointFor
 //	KINE_RS_NATS_URL    nats://host:port of the nats-server for KINE_RS_BACKEND=nats
 //	KINE_RS_PG_URL      postgres://user:pass@host:port (no database) for KINE_RS_BACKEND=postgres
 //	KINE_RS_MYSQL_URL   mysql://user:pass@tcp(host:port) (no database) for KINE_RS_BACKEND=mysql
+//	KINE_RS_S3_URL      http://host:port of the S3-compatible server for KINE_RS_BACKEND=s3,
+//	                    with KINE_RS_S3_ACCESS_KEY and KINE_RS_S3_SECRET_KEY
 //	KINE_RS_LOG_DIR     optional directory that keeps one server log per test
 //	                    (default: a per-test temporary directory)
 //	KINE_RS_EXTRA_ARGS  optional extra command-line arguments, split on spaces
@@ -127,6 +129,10 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
+	backendArgs, err := argsFor(backend)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	if len(cfg.ListenClientUrls) == 0 {
 		t.Fatal("config has no ListenClientUrls")
@@ -141,6 +147,7 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 		"--metrics-bind-address", "0",
 		"--watch-progress-notify-interval", formatDuration(progressNotifyInterval(cfg)),
 	}
+	args = append(args, backendArgs...)
 	if useTLS {
 		ti := cfg.ClientTLSInfo
 		if ti.CertFile == "" || ti.KeyFile == "" {
@@ -208,7 +215,7 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 // empty datastore kept in dir.
 func endpointFor(backend, dir string) (string, error) {
 	switch backend {
-	case "sqlite":
+	case "sqlite", "s3":
 		// dir is absolute, so this reads sqlite:///abs/path/state.db.
 		return "sqlite://" + filepath.Join(dir, "state.db"), nil
 	case "memory":
@@ -244,8 +251,28 @@ func endpointFor(backend, dir string) (string, error) {
 		bucketSeq++
 		return fmt.Sprintf("%s/t%d_%d", mysqlURL, os.Getpid(), bucketSeq), nil
 	default:
-		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite, memory, nats, nats-embedded, postgres or mysql)", backend)
+		return "", fmt.Errorf("unknown KINE_RS_BACKEND=%q (want sqlite, memory, nats, nats-embedded, postgres, mysql or s3)", backend)
 	}
+}
+
+// argsFor gives the flags a backend needs beside --endpoint. s3: the SQLite
+// database kept in S3 (run.sh starts one S3-compatible server for the run; every
+// server gets a folder of its own), each write acknowledged once it is in S3.
+func argsFor(backend string) ([]string, error) {
+	if backend != "s3" {
+		return nil, nil
+	}
+	s3URL := os.Getenv("KINE_RS_S3_URL")
+	if s3URL == "" {
+		return nil, fmt.Errorf("KINE_RS_BACKEND=s3 needs KINE_RS_S3_URL (run.sh starts an S3 server and sets it)")
+	}
+	bucketSeq++
+	return []string{
+		"--s3-bucket", "kine", "--s3-folder", fmt.Sprintf("t%d-%d", os.Getpid(), bucketSeq),
+		"--s3-endpoint", s3URL, "--s3-region", "us-east-1",
+		"--s3-access-key", os.Getenv("KINE_RS_S3_ACCESS_KEY"), "--s3-secret-key", os.Getenv("KINE_RS_S3_SECRET_KEY"),
+		"--s3-sync",
+	}, nil
 }
 
 // bucketSeq numbers the NATS buckets and PostgreSQL/MySQL databases of one test binary (servers

@@ -104,17 +104,23 @@ impl Worker {
         value
     }
 
-    /// Runs `request` within the timeout; errors are counted and become None.
-    async fn bounded<T>(&self, request: impl std::future::Future<Output = Result<T, etcd_client::Error>>) -> Option<T> {
+    /// Runs `request` within the timeout; errors are counted and become `Err`.
+    async fn bounded<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, Failed> {
         match tokio::time::timeout(self.spec.timeout, request).await {
-            Ok(Ok(v)) => Some(v),
+            Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
                 self.history.error(error_kind(&e));
-                None
+                // As a client backs off: a node that is down is not asked thousands of times a
+                // second (each a write of unknown outcome for the checker).
+                tokio::time::sleep(ERROR_BACKOFF).await;
+                Err(if refused_by_learner(&e) || never_sent(&e) { Failed::Refused } else { Failed::Unknown })
             }
             Err(_) => {
                 self.history.error("timeout".into());
-                None
+                Err(Failed::Unknown)
             }
         }
     }
@@ -122,7 +128,7 @@ impl Worker {
     async fn get(&mut self, key: &str) {
         let invoked = self.history.now();
         let mut client = self.client.clone();
-        let Some(resp) = self.bounded(client.get(key, None)).await else { return };
+        let Ok(resp) = self.bounded(client.get(key, None)).await else { return };
         let seen = resp.kvs().first().and_then(|kv| Some((decode(kv.value())?, kv.mod_revision())));
         self.remember(key, seen);
         self.history.record(self.node, key, Call::Get, Outcome::Read(seen), invoked);
@@ -152,9 +158,14 @@ impl Worker {
             .or_else([TxnOp::get(key, None)]);
         let invoked = self.history.now();
         let mut client = self.client.clone();
-        let Some(resp) = self.bounded(client.txn(txn)).await else {
-            self.known.remove(key);
-            return self.history.record(self.node, key, call, Outcome::Unknown, invoked);
+        let resp = match self.bounded(client.txn(txn)).await {
+            Ok(resp) => resp,
+            // A read-only node (an S3 follower), or one that is down, did nothing.
+            Err(Failed::Refused) => return,
+            Err(Failed::Unknown) => {
+                self.known.remove(key);
+                return self.history.record(self.node, key, call, Outcome::Unknown, invoked);
+            }
         };
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
         if resp.succeeded() {
@@ -179,7 +190,7 @@ impl Worker {
         let mut client = self.client.clone();
         // Paginated as kube-apiserver lists (the prefix never holds this many keys).
         let options = GetOptions::new().with_prefix().with_limit(5000);
-        let Some(resp) = self.bounded(client.get(self.spec.prefix.as_str(), Some(options))).await else { return };
+        let Ok(resp) = self.bounded(client.get(self.spec.prefix.as_str(), Some(options))).await else { return };
         if resp.more() {
             return self.history.error("list longer than a page".into());
         }
@@ -196,24 +207,52 @@ impl Worker {
     /// revoke at once.
     async fn leased(&mut self) {
         let mut client = self.client.clone();
-        let Some(lease) = self.bounded(client.lease_grant(30, None)).await else { return };
+        let Ok(lease) = self.bounded(client.lease_grant(30, None)).await else { return };
         self.history.served(self.node);
         let key = format!("{}leased/{}-{}", self.spec.prefix, self.id, self.counter);
         let value = self.next_value(&key);
         let options = PutOptions::new().with_lease(lease.id());
         let put = client.put(key.as_str(), encode(value, self.spec.value_bytes), Some(options));
-        if let Some(resp) = self.bounded(put).await {
+        if let Ok(resp) = self.bounded(put).await {
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
             self.history.acked(self.node, Acked { key, revision, value: Some(value) });
         }
-        if self.rng.below(2) == 0 && self.bounded(client.lease_revoke(lease.id())).await.is_some() {
+        if self.rng.below(2) == 0 && self.bounded(client.lease_revoke(lease.id())).await.is_ok() {
             self.history.served(self.node);
         }
     }
 }
 
+/// How a request failed.
+enum Failed {
+    /// Refused by a read-only node (an etcd learner), or never sent (the node is down): it
+    /// changed nothing.
+    Refused,
+    /// No answer, or an error after which the request may or may not have taken effect.
+    Unknown,
+}
+
+/// etcd's refusal of a write by a learner (kine-rs: a read-only copy), which is never applied:
+/// FailedPrecondition (gRPC code 9) `etcdserver: rpc not supported for learner`.
+fn refused_by_learner(e: &etcd_client::Error) -> bool {
+    const FAILED_PRECONDITION: i32 = 9;
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if i32::from(s.code()) == FAILED_PRECONDITION && s.message().contains("rpc not supported for learner"))
+}
+
+/// The pause after a failed request.
+const ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The request never reached a server: the connection to a node that is down was refused.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("Connection refused")
+}
+
 /// A short name for an error: its gRPC code, or its kind.
 pub fn error_kind(e: &etcd_client::Error) -> String {
+    if never_sent(e) {
+        return "connection refused".into();
+    }
     match e {
         etcd_client::Error::GRpcStatus(s) => format!("{:?}", s.code()),
         etcd_client::Error::TransportError(_) => "transport".into(),

@@ -2,6 +2,14 @@
 //! with a compaction that waits until what it removes is shipped, writes refused unless this
 //! node holds the writer lock, and (`--s3-sync`) writes acknowledged only once they are in
 //! object storage.
+//!
+//! With `--s3-sync` nothing that is not in object storage is shown either: a change committed
+//! locally but not shipped yet is not acknowledged, and is lost if this node dies before it is
+//! shipped (the next writer starts from what the bucket holds). So a linearizable read that
+//! saw such a change waits until it is shipped before it answers (a serializable one reads as of
+//! the newest revision shipped), the store's revision is the revision shipped, and watchers get
+//! each revision once it is shipped (from the store's history, after each upload). Reads,
+//! watches and writes are then linearizable across a takeover.
 
 use crate::node::Handle;
 use kine_core::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Promotion, Replication, Revisions, Role};
@@ -9,17 +17,35 @@ use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents};
 use std::sync::Arc;
-use tokio::sync::{broadcast, oneshot};
+use std::time::Duration;
+use tokio::sync::{broadcast, oneshot, watch};
 
 pub struct Durable {
     inner: Arc<dyn Backend>,
     handle: Handle,
     sync: bool,
+    /// With `sync`: how long a linearizable read waits for the upload of what it saw.
+    read_wait: Duration,
+    /// With `sync`: the shipped revisions' events, sent after each upload, and the newest
+    /// revision sent.
+    shipped_feed: Option<(broadcast::Sender<Arc<RevisionEvents>>, watch::Receiver<Revision>)>,
 }
 
 impl Durable {
-    pub fn new(inner: Arc<dyn Backend>, handle: Handle, sync: bool) -> Durable {
-        Durable { inner, handle, sync }
+    /// With `sync`, starts the task that feeds watchers the shipped revisions (needs a Tokio
+    /// runtime).
+    pub fn new(inner: Arc<dyn Backend>, handle: Handle, sync: bool, read_wait: Duration) -> Durable {
+        let shipped_feed = sync.then(|| {
+            let feed = broadcast::channel(kine_core::backend::FEED_CAPACITY).0;
+            let sent = watch::channel(*handle.shipped.borrow());
+            tokio::spawn(feed_shipped(inner.clone(), handle.shipped.clone(), feed.downgrade(), sent.0));
+            (feed, sent.1)
+        });
+        Durable { inner, handle, sync, read_wait, shipped_feed }
+    }
+
+    fn shipped(&self) -> Revision {
+        *self.handle.shipped.borrow()
     }
 
     /// Writes only while this node holds the writer lock (another may hold it once its lease
@@ -43,7 +69,7 @@ impl Durable {
         told.await.map_err(|_| stopped())?;
         if !self.handle.held.borrow().valid() {
             return Err(Error::Unavailable(
-                "etcdserver: request timed out (the write reached S3 after this node's writer lock ran out; another \
+                "etcdserver: request timed out (the change reached S3 after this node's writer lock ran out; another \
                  node may have taken over without it)"
                     .into(),
             ));
@@ -64,10 +90,31 @@ impl Backend for Durable {
         self.inner.member_id()
     }
     async fn revisions(&self) -> Result<Revisions> {
-        self.inner.revisions().await
+        let mut revisions = self.inner.revisions().await?;
+        if self.sync {
+            revisions.current = revisions.current.min(self.shipped().max(revisions.compacted));
+        }
+        Ok(revisions)
     }
-    async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
-        self.inner.range(req).await
+    async fn range(&self, mut req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        if !self.sync {
+            return self.inner.range(req).await;
+        }
+        let shipped = self.shipped();
+        if req.serializable && req.revision <= 0 && self.inner.revisions().await?.current > shipped {
+            // May be stale, never waits: as of the newest revision shipped.
+            req.revision = shipped;
+            let mut read = self.inner.range(req).await?;
+            read.revision = shipped;
+            return Ok(read);
+        }
+        // Linearizable: whatever it saw is shipped before it answers.
+        let read = self.inner.range(req).await?;
+        if read.revision > self.shipped() {
+            // Bounded apart from the read itself (an unlimited range may take longer).
+            tokio::time::timeout(self.read_wait, self.flush()).await.map_err(|_| Error::TimedOut)??;
+        }
+        Ok(read)
     }
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
         self.fenced()?;
@@ -79,17 +126,28 @@ impl Backend for Durable {
     }
     async fn compact(&self, revision: Revision) -> Result<Revision> {
         self.fenced()?;
-        // The history compaction removes must be in object storage first.
+        // The history compaction removes must be in object storage first, and (with `sync`)
+        // sent to watchers.
         if *self.handle.shipped.borrow() < revision {
             self.flush().await?;
+        }
+        if let Some((_, sent)) = &self.shipped_feed {
+            let mut sent = sent.clone();
+            sent.wait_for(|s| *s >= revision)
+                .await
+                .map_err(|_| Error::Unavailable("the watch feed of shipped revisions has stopped".into()))?;
         }
         self.inner.compact(revision).await
     }
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
+        let until = if self.sync { until.min(self.shipped()) } else { until };
         self.inner.events(range, after, until).await
     }
     fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionEvents>> {
-        self.inner.subscribe()
+        match &self.shipped_feed {
+            Some((feed, _)) => feed.subscribe(),
+            None => self.inner.subscribe(),
+        }
     }
     async fn leases(&self) -> Result<Vec<(LeaseId, i64)>> {
         self.inner.leases().await
@@ -140,5 +198,39 @@ impl Backend for Durable {
     }
     async fn promote(&self) -> Result<Promotion> {
         self.inner.promote().await
+    }
+}
+
+/// Sends `feed` the events of each revision once it is shipped, read from `inner`'s history
+/// (a compaction waits until they are sent: see `compact`), until the feed's owner is gone.
+async fn feed_shipped(
+    inner: Arc<dyn Backend>,
+    mut shipped: watch::Receiver<Revision>,
+    feed: broadcast::WeakSender<Arc<RevisionEvents>>,
+    sent: watch::Sender<Revision>,
+) {
+    let mut last = *shipped.borrow_and_update();
+    loop {
+        let target = *shipped.borrow_and_update();
+        if target > last {
+            match inner.events(&KeyRange::all(), last, target).await {
+                Ok(batches) => {
+                    let Some(feed) = feed.upgrade() else { return };
+                    for batch in batches.into_iter().filter(|b| !b.events.is_empty()) {
+                        let _ = feed.send(Arc::new(batch));
+                    }
+                    last = target;
+                    sent.send_replace(last);
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, after = last, until = target, "cannot read shipped revisions for watchers");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            }
+        }
+        if feed.upgrade().is_none() || shipped.changed().await.is_err() {
+            return;
+        }
     }
 }

@@ -148,7 +148,8 @@ impl Follower {
     async fn take_over(self, term: u64, until: Instant) -> anyhow::Result<Runner> {
         let began = Instant::now();
         let started = node::start_held(self.store, self.local.clone(), &self.options, self.lock, term, until).await?;
-        let writer: Arc<dyn Backend> = Arc::new(Durable::new(self.local, started.handle.clone(), self.sync));
+        let writer: Arc<dyn Backend> =
+            Arc::new(Durable::new(self.local, started.handle.clone(), self.sync, self.options.read_wait));
         self.following.take_over(writer).await;
         tracing::info!(
             term,

@@ -28,6 +28,9 @@ pub struct Options {
     /// Names this node in the writer lock.
     pub node: String,
     pub address: String,
+    /// With `--s3-sync`: the longest a linearizable read waits for the upload of a change it saw
+    /// (`--request-timeout`); then it fails as etcd's do without a quorum.
+    pub read_wait: Duration,
 }
 
 /// A request to have everything committed before it shipped; answered once it is.

@@ -93,6 +93,7 @@ fn options(node: &str) -> Options {
         lease: Duration::from_secs(2),
         node: node.into(),
         address: format!("http://{node}:2379"),
+        read_wait: Duration::from_secs(7),
     }
 }
 
@@ -106,7 +107,7 @@ async fn an_upload_that_lands_after_a_takeover_is_neither_acknowledged_nor_resto
     let gated = Arc::new(Gated { real: s3.clone(), open: watch::channel(true).0 });
     let local = sqlite(&dir.path().join("old"));
     let started = node::start(gated.clone(), local.clone(), &options("old")).await.unwrap();
-    let old = Arc::new(Durable::new(local.clone(), started.handle.clone(), true));
+    let old = Arc::new(Durable::new(local.clone(), started.handle.clone(), true, Duration::from_secs(7)));
     let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let runner = tokio::spawn(started.runner.run(async move { stopped.await.unwrap_or_default() }));
     for i in 0..5 {
@@ -128,7 +129,7 @@ async fn an_upload_that_lands_after_a_takeover_is_neither_acknowledged_nor_resto
     let started = node::start(s3.clone(), next.clone(), &options("new")).await.unwrap();
     eprintln!("took over in {:?}", taken.elapsed());
     assert_eq!(keys(next.as_ref()).await, acked, "the new writer starts from what was acknowledged");
-    let new = Durable::new(next.clone(), started.handle.clone(), true);
+    let new = Durable::new(next.clone(), started.handle.clone(), true, Duration::from_secs(7));
     let (_stop_new, stopped) = tokio::sync::oneshot::channel::<()>();
     let _runner_new = tokio::spawn(started.runner.run(async move { stopped.await.unwrap_or_default() }));
     new.write(put("/after-takeover", "by the new writer")).await.unwrap();

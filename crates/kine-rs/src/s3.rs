@@ -120,7 +120,7 @@ pub async fn attach(
 ) -> Result<Option<(Arc<dyn Backend>, Option<Running>)>> {
     let Some(bucket) = &cli.s3.s3_bucket else { return Ok(Some((backend, None))) };
     let mut stopping = stop.clone();
-    let starting = start(&cli.s3, bucket, backend.clone(), &cli.name, address, trigger.clone());
+    let starting = start(&cli.s3, bucket, backend.clone(), &cli.name, address, cli.request_timeout, trigger.clone());
     let started = tokio::select! {
         r = starting => Some(r),
         _ = stopping.wait() => None,
@@ -143,6 +143,7 @@ pub async fn start(
     backend: Arc<dyn Backend>,
     node_name: &str,
     address: &str,
+    request_timeout: Duration,
     trigger: kine_core::shutdown::ShutdownTrigger,
 ) -> Result<(Arc<dyn Backend>, Running)> {
     if backend.name() != "sqlite" {
@@ -157,6 +158,7 @@ pub async fn start(
         lease: args.s3_lock_lease,
         node: node_name.to_string(),
         address: address.to_string(),
+        read_wait: request_timeout,
     };
     let begun = kine_durable::follow::begin(store, backend.clone(), &options, args.s3_sync)
         .await
@@ -178,7 +180,12 @@ pub async fn start(
                 revision = *started.handle.shipped.borrow(),
                 "shipping the datastore to S3"
             );
-            let served = Arc::new(kine_durable::backend::Durable::new(backend, started.handle.clone(), args.s3_sync));
+            let served = Arc::new(kine_durable::backend::Durable::new(
+                backend,
+                started.handle.clone(),
+                args.s3_sync,
+                request_timeout,
+            ));
             let task = tokio::spawn(async move {
                 if let Err(err) = started.runner.run(async move { stopped.await.unwrap_or_default() }).await {
                     report(err);

@@ -7,7 +7,7 @@
 
 mod common;
 use common::*;
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use kine_testkit::s3::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
 use std::process::Command;
 
@@ -330,6 +330,16 @@ async fn checkpoints_replace_the_segments_before_them() {
     assert!(!target.path().join("state.db").exists(), "a failed restore leaves no database behind");
 }
 
+/// The keys of the next watch response that has events.
+async fn next_keys(watch: &mut etcd_client::WatchStream) -> Vec<String> {
+    loop {
+        let m = watch.message().await.unwrap().expect("a watch message");
+        if !m.events().is_empty() {
+            return m.events().iter().map(|e| String::from_utf8_lossy(e.kv().unwrap().key()).into_owned()).collect();
+        }
+    }
+}
+
 /// S3 stalls (SIGSTOP of the server): with --s3-sync a write fails with etcd's timeout instead
 /// of hanging, and once S3 answers again it is shipped with everything after it; S3 stalled
 /// past the writer lock's lease makes the node stop (it can no longer prove it is the writer).
@@ -338,20 +348,31 @@ async fn a_stalled_s3_fails_writes_cleanly_and_loses_nothing() {
     let server = S3Server::start(&["kine"]);
     let mut s3 = s3_args(&server, "stall");
     let lease = s3.iter().position(|a| a == "--s3-lock-lease").unwrap();
-    s3[lease + 1] = "6s".into();
+    s3[lease + 1] = "10s".into();
     let (dir, restored) = (TempDir::new("s3-stall"), TempDir::new("s3-stall-restored"));
     let pid = server.pid().to_string();
     let signal = |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
 
     let node = start(dir.path(), &s3, &["--s3-sync", "--request-timeout", "2s"]);
     let mut c = node.client().await;
+    let mut watch = c.watch("/", Some(WatchOptions::new().with_prefix())).await.unwrap();
     c.put("/a", "1", None).await.unwrap();
+    assert_eq!(next_keys(&mut watch).await, ["/a"]);
     signal("-STOP");
     let started = std::time::Instant::now();
     let err = c.put("/b", "2", None).await.unwrap_err().to_string();
     assert!(err.contains("request timed out"), "{err}");
     assert!(started.elapsed() < std::time::Duration::from_secs(4), "{:?}", started.elapsed());
+    // Committed locally but not in S3: neither read nor watched (a node dying now loses it).
+    let read = c.get("/b", None).await;
+    assert!(read.as_ref().is_err_and(|e| e.to_string().contains("request timed out")), "{read:?}\n{}", node.log());
+    let stale = c.get("/", Some(GetOptions::new().with_prefix().with_serializable())).await.unwrap();
+    assert_eq!(stale.kvs().len(), 1, "a serializable read is as of the newest revision shipped: {stale:?}");
+    assert_eq!(stale.header().unwrap().revision(), stale.kvs()[0].mod_revision());
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(500), next_keys(&mut watch)).await;
+    assert!(quiet.is_err(), "the watch delivered an unshipped change: {quiet:?}");
     signal("-CONT");
+    assert_eq!(next_keys(&mut watch).await, ["/b"]);
     c.put("/c", "3", None).await.unwrap();
     let after = everything(&mut c).await;
     assert_eq!(after.1.len(), 3, "the timed-out write was committed locally: {after:?}");
@@ -361,10 +382,10 @@ async fn a_stalled_s3_fails_writes_cleanly_and_loses_nothing() {
     let node = start_writing(restored.path(), &s3, &[]);
     assert_eq!(everything(&mut node.client().await).await, after, "{}", node.log());
 
-    // Stalled past the lease (6 s): the writer stops with an error naming the lock.
+    // Stalled past the lease (10 s): the writer stops with an error naming the lock.
     signal("-STOP");
     let mut node = node;
-    let status = node.stop_by_itself(std::time::Duration::from_secs(20)).await;
+    let status = node.stop_by_itself(std::time::Duration::from_secs(30)).await;
     signal("-CONT");
     assert!(!status.success(), "{}", node.log());
     assert!(node.log().contains("S3 writer lock was not renewed within its lease"), "{}", node.log());

@@ -37,6 +37,8 @@ pub fn versitygw_bin() -> PathBuf {
 
 pub struct S3Server {
     child: Child,
+    /// The address it listens on (127.0.0.1 unless started with `start_on`).
+    pub host: String,
     pub port: u16,
     dir: TempDir,
     tls: bool,
@@ -45,15 +47,21 @@ pub struct S3Server {
 impl S3Server {
     /// Starts the server with `buckets` created (each a directory of the posix backend).
     pub fn start(buckets: &[&str]) -> S3Server {
-        S3Server::start_with(buckets, None)
+        S3Server::start_with("127.0.0.1", buckets, None)
+    }
+
+    /// Like [`S3Server::start`], listening on `host` (an address of the host's that clients in
+    /// other network namespaces reach).
+    pub fn start_on(host: &str, buckets: &[&str]) -> S3Server {
+        S3Server::start_with(host, buckets, None)
     }
 
     /// Like [`S3Server::start`], serving HTTPS with `cert` and `key` (PEM files).
     pub fn start_tls(buckets: &[&str], cert: &std::path::Path, key: &std::path::Path) -> S3Server {
-        S3Server::start_with(buckets, Some((cert, key)))
+        S3Server::start_with("127.0.0.1", buckets, Some((cert, key)))
     }
 
-    fn start_with(buckets: &[&str], tls: Option<(&std::path::Path, &std::path::Path)>) -> S3Server {
+    fn start_with(host: &str, buckets: &[&str], tls: Option<(&std::path::Path, &std::path::Path)>) -> S3Server {
         let dir = TempDir::new("s3");
         for b in buckets {
             std::fs::create_dir_all(dir.path().join(b)).expect("create bucket directory");
@@ -61,7 +69,7 @@ impl S3Server {
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("server.log")).expect("create log");
         let mut command = Command::new(versitygw_bin());
-        command.args(["--port", &format!("127.0.0.1:{port}")]);
+        command.args(["--port", &format!("{host}:{port}")]);
         if let Some((cert, key)) = tls {
             command.arg("--cert").arg(cert).arg("--key").arg(key);
         }
@@ -75,9 +83,9 @@ impl S3Server {
             .stderr(log)
             .spawn()
             .expect("start versitygw");
-        let server = S3Server { child, port, dir, tls: tls.is_some() };
+        let server = S3Server { child, host: host.to_string(), port, dir, tls: tls.is_some() };
         let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while std::net::TcpStream::connect((host, port)).is_err() {
             assert!(started.elapsed() < Duration::from_secs(20), "versitygw did not listen: {}", server.log());
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -85,7 +93,7 @@ impl S3Server {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("{}://127.0.0.1:{}", if self.tls { "https" } else { "http" }, self.port)
+        format!("{}://{}:{}", if self.tls { "https" } else { "http" }, self.host, self.port)
     }
 
     pub fn log(&self) -> String {
