@@ -200,6 +200,9 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 		t.Fatalf("kine-rs at %s is not serving: %v", clientURL, err)
 	}
 	srv.ready = true
+	if backend == "s3" {
+		startFollower(t, bin, args, listen.Hostname(), scheme, tlsConfig, clientURL)
+	}
 
 	// The suite inspects these recorders (e.g. to count reads, stream reads
 	// and the lists made), exactly as with the upstream test server: the KV
@@ -257,7 +260,8 @@ func endpointFor(backend, dir string) (string, error) {
 
 // argsFor gives the flags a backend needs beside --endpoint. s3: the SQLite
 // database kept in S3 (run.sh starts one S3-compatible server for the run; every
-// server gets a folder of its own), each write acknowledged once it is in S3.
+// server gets a folder of its own), each write acknowledged once it is in S3; a
+// second kine-rs follows it on the same folder (startFollower).
 func argsFor(backend string) ([]string, error) {
 	if backend != "s3" {
 		return nil, nil
