@@ -6,62 +6,11 @@
 //! problem.
 
 mod common;
+use common::s3::*;
 use common::*;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use kine_testkit::s3::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
 use std::process::Command;
-
-fn s3_args(server: &S3Server, folder: &str) -> Vec<String> {
-    [
-        "--s3-bucket",
-        "kine",
-        "--s3-folder",
-        folder,
-        "--s3-endpoint",
-        &server.endpoint(),
-        "--s3-region",
-        REGION,
-        "--s3-access-key",
-        ACCESS_KEY,
-        "--s3-secret-key",
-        SECRET_KEY,
-        "--s3-lock-lease",
-        "2s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
-fn start(dir: &std::path::Path, s3: &[String], extra: &[&str]) -> Server {
-    let endpoint = db_endpoint(dir);
-    let mut args: Vec<&str> = vec!["--endpoint", &endpoint];
-    args.extend(s3.iter().map(String::as_str));
-    args.extend_from_slice(extra);
-    Server::start(&args)
-}
-
-/// [`start`], returning once the node writes: one that finds the writer lock still held (a
-/// killed writer's, until its lease runs out) serves a read-only copy first.
-fn start_writing(dir: &std::path::Path, s3: &[String], extra: &[&str]) -> Server {
-    let node = start(dir, s3, extra);
-    let begun = std::time::Instant::now();
-    while !node.log().contains("shipping the datastore to S3") && !node.log().contains("took the S3 writer lock") {
-        assert!(begun.elapsed() < std::time::Duration::from_secs(30), "the node does not write: {}", node.log());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    node
-}
-
-/// kine-rs with these flags fails at start; its stderr.
-fn refused(dir: &std::path::Path, s3: &[String], extra: &[&str]) -> String {
-    let endpoint = db_endpoint(dir);
-    let mut cmd = Command::new(server_bin());
-    cmd.args(["--endpoint", &endpoint, "--listen-address", "127.0.0.1:0"]).args(s3).args(extra);
-    let (ok, _, stderr) = run(&mut cmd);
-    assert!(!ok, "kine-rs started: {stderr}");
-    stderr
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_disk_comes_back_from_s3() {
@@ -404,76 +353,4 @@ async fn an_empty_database_takes_over_a_prefix_that_never_wrote() {
     let mut c = node.client().await;
     c.put("k", "v", None).await.unwrap();
     assert_eq!(everything(&mut c).await.0, 2, "{}", node.log());
-}
-
-/// A standby on the same folder (serving a read-only copy while it waits for the writer lock) takes over when the
-/// writer is killed mid-load: within the lease plus a restore, with every write the writer
-/// acknowledged (`--s3-sync`), revisions going on from there; the killed writer's database is
-/// then another store's, refused. Prints `S3-TAKEOVER` with the measured time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_takes_over_a_killed_writer_with_every_acknowledged_write() {
-    let server = S3Server::start(&["kine"]);
-    let s3 = s3_args(&server, "standby");
-    let (first, second) = (TempDir::new("s3-writer"), TempDir::new("s3-standby"));
-    let writer = start(first.path(), &s3, &["--s3-sync"]);
-    let mut c = writer.client().await;
-    c.put("/registry/pods/first", "0", None).await.unwrap();
-
-    // Writes, each remembered once acknowledged, until the writer is gone.
-    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let load = tokio::spawn({
-        let (mut c, acked) = (c.clone(), acked.clone());
-        async move {
-            for i in 0.. {
-                let key = format!("/registry/pods/w{i:05}");
-                match c.put(key.as_str(), format!("v{i}"), None).await {
-                    Ok(r) => acked.lock().unwrap().push((key, r.header().unwrap().revision())),
-                    Err(_) => return i,
-                }
-            }
-            unreachable!()
-        }
-    });
-    let standby = {
-        let (dir, s3) = (second.path().to_path_buf(), s3.clone());
-        tokio::task::spawn_blocking(move || start(&dir, &s3, &[]))
-    };
-    // The kill comes once the standby serves its read-only copy and the writer has
-    // acknowledged a few dozen writes (which takes longer on a busy machine).
-    let begun = std::time::Instant::now();
-    while begun.elapsed() < std::time::Duration::from_millis(1500) || acked.lock().unwrap().len() < 30 {
-        assert!(begun.elapsed() < std::time::Duration::from_secs(60), "the writer acknowledged too few writes");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let standby = standby.await.unwrap();
-    assert!(standby.log().contains("serving a read-only copy"), "{}", standby.log());
-    writer.signal("KILL");
-    let killed = std::time::Instant::now();
-    let attempted = load.await.unwrap();
-    while !standby.log().contains("took the S3 writer lock") {
-        assert!(killed.elapsed() < std::time::Duration::from_secs(20), "no takeover: {}", standby.log());
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    let took = killed.elapsed();
-    println!("S3-TAKEOVER lease 2s: serving {took:?} after the writer was killed ({attempted} writes attempted)");
-    assert!(standby.log().contains("restored the store from S3"), "{}", standby.log());
-    assert!(took < std::time::Duration::from_secs(10), "{took:?}: {}", standby.log());
-
-    let acked = acked.lock().unwrap().clone();
-    assert!(acked.len() > 20, "too few writes acknowledged before the kill: {}", acked.len());
-    let mut c = standby.client().await;
-    let (revision, keys) = everything(&mut c).await;
-    let last = acked.last().unwrap().1;
-    assert!(revision >= last, "the standby is at {revision}, the writer acknowledged {last}");
-    for (key, rev) in &acked {
-        let kv = keys.iter().find(|k| k.0 == key.as_bytes()).unwrap_or_else(|| panic!("{key} (revision {rev}) lost"));
-        assert_eq!(kv.3, *rev, "{key}");
-    }
-    let put = c.put("/registry/pods/after", "x", None).await.unwrap();
-    assert_eq!(put.header().unwrap().revision(), revision + 1);
-    drop(c);
-    drop(standby);
-
-    let err = refused(first.path(), &s3, &[]);
-    assert!(err.contains("holds another store"), "{err}");
 }

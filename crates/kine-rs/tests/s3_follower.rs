@@ -3,37 +3,15 @@
 //! copy — linearizable reads that see every write the writer acknowledged under `--s3-sync`,
 //! serializable reads, watches live and from history, leases — and refuses writes with the
 //! learner's error naming the writer; once the writer is gone it takes over in place, its open
-//! watches going on without a gap and its leases kept.
+//! watches going on without a gap and its leases kept, and with every write the writer
+//! acknowledged under `--s3-sync` when the writer is killed mid-load.
 
 mod common;
+use common::s3::*;
 use common::*;
 use etcd_client::{GetOptions, PutOptions, WatchOptions};
-use kine_testkit::s3::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
+use kine_testkit::s3::S3Server;
 use std::time::{Duration, Instant};
-
-fn start(dir: &std::path::Path, server: &S3Server, folder: &str, extra: &[&str]) -> Server {
-    let (endpoint, s3) = (db_endpoint(dir), server.endpoint());
-    let mut args = vec![
-        "--endpoint",
-        &endpoint,
-        "--s3-bucket",
-        "kine",
-        "--s3-folder",
-        folder,
-        "--s3-endpoint",
-        &s3,
-        "--s3-region",
-        REGION,
-        "--s3-access-key",
-        ACCESS_KEY,
-        "--s3-secret-key",
-        SECRET_KEY,
-        "--s3-lock-lease",
-        "2s",
-    ];
-    args.extend_from_slice(extra);
-    Server::start(&args)
-}
 
 /// The next watch event's (revision, key, value), within 10 s.
 async fn next_event(
@@ -61,7 +39,7 @@ async fn next_event(
 async fn a_follower_serves_reads_and_watches_refuses_writes_and_takes_over_in_place() {
     let server = S3Server::start(&["kine"]);
     let (first, second) = (TempDir::new("s3-lead"), TempDir::new("s3-follow"));
-    let writer = start(first.path(), &server, "follow", &["--s3-sync"]);
+    let writer = start(first.path(), &s3_args(&server, "follow"), &["--s3-sync"]);
     let mut w = writer.client().await;
     let lease = w.lease_grant(30, None).await.unwrap().id();
     w.put("/registry/leases/held", "l", Some(PutOptions::new().with_lease(lease))).await.unwrap();
@@ -69,7 +47,7 @@ async fn a_follower_serves_reads_and_watches_refuses_writes_and_takes_over_in_pl
         w.put(format!("/registry/pods/p{i}"), format!("v{i}"), None).await.unwrap();
     }
 
-    let follower = start(second.path(), &server, "follow", &[]);
+    let follower = start(second.path(), &s3_args(&server, "follow"), &[]);
     assert!(follower.log().contains("serving a read-only copy"), "{}", follower.log());
     let mut f = follower.client().await;
     let (wrev, wkeys) = everything(&mut w).await;
@@ -135,12 +113,12 @@ async fn a_follower_serves_reads_and_watches_refuses_writes_and_takes_over_in_pl
 async fn a_follower_sees_compactions_and_a_clean_handover() {
     let server = S3Server::start(&["kine"]);
     let (first, second) = (TempDir::new("s3-lead2"), TempDir::new("s3-follow2"));
-    let mut writer = start(first.path(), &server, "compact", &["--s3-sync"]);
+    let mut writer = start(first.path(), &s3_args(&server, "compact"), &["--s3-sync"]);
     let mut w = writer.client().await;
     for i in 0..5 {
         w.put("/k", format!("{i}"), None).await.unwrap();
     }
-    let follower = start(second.path(), &server, "compact", &[]);
+    let follower = start(second.path(), &s3_args(&server, "compact"), &[]);
     let mut f = follower.client().await;
     let compacted = w.put("/k", "5", None).await.unwrap().header().unwrap().revision();
     w.compact(compacted, None).await.unwrap();
@@ -168,4 +146,76 @@ async fn a_follower_sees_compactions_and_a_clean_handover() {
     println!("S3-FOLLOWER-HANDOVER: writing {took:?} after the writer stopped ({:?})", stopped.elapsed());
     assert!(took < Duration::from_secs(10), "{took:?}");
     assert_eq!(put.header().unwrap().revision(), compacted + 2);
+}
+
+/// A standby on the same folder (serving a read-only copy while it waits for the writer lock) takes over when the
+/// writer is killed mid-load: within the lease plus a restore, with every write the writer
+/// acknowledged (`--s3-sync`), revisions going on from there; the killed writer's database is
+/// then another store's, refused. Prints `S3-TAKEOVER` with the measured time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_a_killed_writer_with_every_acknowledged_write() {
+    let server = S3Server::start(&["kine"]);
+    let s3 = s3_args(&server, "standby");
+    let (first, second) = (TempDir::new("s3-writer"), TempDir::new("s3-standby"));
+    let writer = start(first.path(), &s3, &["--s3-sync"]);
+    let mut c = writer.client().await;
+    c.put("/registry/pods/first", "0", None).await.unwrap();
+
+    // Writes, each remembered once acknowledged, until the writer is gone.
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let load = tokio::spawn({
+        let (mut c, acked) = (c.clone(), acked.clone());
+        async move {
+            for i in 0.. {
+                let key = format!("/registry/pods/w{i:05}");
+                match c.put(key.as_str(), format!("v{i}"), None).await {
+                    Ok(r) => acked.lock().unwrap().push((key, r.header().unwrap().revision())),
+                    Err(_) => return i,
+                }
+            }
+            unreachable!()
+        }
+    });
+    let standby = {
+        let (dir, s3) = (second.path().to_path_buf(), s3.clone());
+        tokio::task::spawn_blocking(move || start(&dir, &s3, &[]))
+    };
+    // The kill comes once the standby serves its read-only copy and the writer has
+    // acknowledged a few dozen writes (which takes longer on a busy machine).
+    let begun = std::time::Instant::now();
+    while begun.elapsed() < std::time::Duration::from_millis(1500) || acked.lock().unwrap().len() < 30 {
+        assert!(begun.elapsed() < std::time::Duration::from_secs(60), "the writer acknowledged too few writes");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let standby = standby.await.unwrap();
+    assert!(standby.log().contains("serving a read-only copy"), "{}", standby.log());
+    writer.signal("KILL");
+    let killed = std::time::Instant::now();
+    let attempted = load.await.unwrap();
+    while !standby.log().contains("took the S3 writer lock") {
+        assert!(killed.elapsed() < std::time::Duration::from_secs(20), "no takeover: {}", standby.log());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let took = killed.elapsed();
+    println!("S3-TAKEOVER lease 2s: serving {took:?} after the writer was killed ({attempted} writes attempted)");
+    assert!(standby.log().contains("restored the store from S3"), "{}", standby.log());
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}: {}", standby.log());
+
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() > 20, "too few writes acknowledged before the kill: {}", acked.len());
+    let mut c = standby.client().await;
+    let (revision, keys) = everything(&mut c).await;
+    let last = acked.last().unwrap().1;
+    assert!(revision >= last, "the standby is at {revision}, the writer acknowledged {last}");
+    for (key, rev) in &acked {
+        let kv = keys.iter().find(|k| k.0 == key.as_bytes()).unwrap_or_else(|| panic!("{key} (revision {rev}) lost"));
+        assert_eq!(kv.3, *rev, "{key}");
+    }
+    let put = c.put("/registry/pods/after", "x", None).await.unwrap();
+    assert_eq!(put.header().unwrap().revision(), revision + 1);
+    drop(c);
+    drop(standby);
+
+    let err = refused(first.path(), &s3, &[]);
+    assert!(err.contains("holds another store"), "{err}");
 }

@@ -231,6 +231,7 @@ pub mod history;
 pub mod http;
 #[allow(unused_imports)]
 pub use http::http_get;
+pub mod s3;
 pub mod shared_db;
 
 /// A key as a comparable tuple: key, value, create and mod revision, version, lease.
