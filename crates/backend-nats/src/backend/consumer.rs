@@ -13,8 +13,12 @@ use futures_util::{FutureExt, StreamExt};
 use kine_core::Revision;
 use std::time::Duration;
 
-/// A consumer request that gets no answer within this fails (the server may be gone).
-const CREATE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A consumer request that gets no answer within this fails (the server may be gone, or the
+/// JetStream meta group without a leader: such a request is dropped, not answered, and a new
+/// one after the election succeeds at once). After four unanswered ones in a row each allows a
+/// second more, up to [`CREATE_LIMIT`], so a creation that is only slow still succeeds.
+const CREATE_FIRST: Duration = Duration::from_secs(1);
+const CREATE_LIMIT: Duration = Duration::from_secs(4);
 /// The server sends a heartbeat when it has nothing to deliver; two missed ones end the consumer.
 const HEARTBEAT: Duration = Duration::from_secs(1);
 /// Messages asked for per pull request.
@@ -35,11 +39,13 @@ pub(super) struct Cursor {
     stream: stream::Stream,
     filter: String,
     messages: Option<(String, consumer::pull::Stream)>,
+    /// Consecutive creations that got no answer.
+    timeouts: u32,
 }
 
 impl Cursor {
     pub fn new(stream: stream::Stream, filter: String) -> Cursor {
-        Cursor { stream, filter, messages: None }
+        Cursor { stream, filter, messages: None, timeouts: 0 }
     }
 
     /// Drops the consumer; the next call to [`Cursor::next`] creates one.
@@ -48,7 +54,7 @@ impl Cursor {
             // Best effort: the server also removes it once inactive.
             let stream = self.stream.clone();
             tokio::spawn(async move {
-                let _ = tokio::time::timeout(CREATE_TIMEOUT, stream.delete_consumer(&name)).await;
+                let _ = tokio::time::timeout(CREATE_LIMIT, stream.delete_consumer(&name)).await;
             });
         }
     }
@@ -56,10 +62,20 @@ impl Cursor {
     /// The next message, from a consumer that starts at `from` if one has to be created.
     pub async fn next(&mut self, from: Revision, idle: Duration) -> Next {
         if self.messages.is_none() {
-            match tokio::time::timeout(CREATE_TIMEOUT, self.create(from)).await {
-                Ok(Ok(m)) => self.messages = Some(m),
-                Ok(Err(e)) => return Next::Failed(format!("create the bucket consumer at {from}: {e}")),
-                Err(_) => return Next::Failed(format!("create the bucket consumer at {from}: timed out")),
+            let limit = create_timeout(self.timeouts);
+            match tokio::time::timeout(limit, self.create(from)).await {
+                Ok(Ok(m)) => {
+                    self.timeouts = 0;
+                    self.messages = Some(m)
+                }
+                Ok(Err(e)) => {
+                    self.timeouts = 0;
+                    return Next::Failed(format!("create the bucket consumer at {from}: {e}"));
+                }
+                Err(_) => {
+                    self.timeouts += 1;
+                    return Next::Failed(format!("create the bucket consumer at {from}: no answer within {limit:?}"));
+                }
             }
         }
         let Some((_, messages)) = self.messages.as_mut() else { return Next::Idle };
@@ -105,5 +121,23 @@ impl Cursor {
             .messages()
             .await?;
         Ok((name, messages))
+    }
+}
+
+/// How long a creation waits for its answer after `timeouts` consecutive ones went unanswered:
+/// 1 s four times (an election is over within a few seconds), then a second more each time, up
+/// to [`CREATE_LIMIT`].
+fn create_timeout(timeouts: u32) -> Duration {
+    (CREATE_FIRST * timeouts.saturating_sub(2).max(1)).min(CREATE_LIMIT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creation_waits_longer_after_each_unanswered_one() {
+        let steps: Vec<u64> = (0..9).map(|t| create_timeout(t).as_millis() as u64).collect();
+        assert_eq!(steps, [1000, 1000, 1000, 1000, 2000, 3000, 4000, 4000, 4000]);
     }
 }

@@ -49,7 +49,7 @@ fn quorum_contact(replicas: &[Replica]) -> Option<Duration> {
 
 /// One request's limit: a leader that died answers nothing, and the next attempt may reach the
 /// one elected after it.
-const ATTEMPT: Duration = Duration::from_millis(1500);
+const ATTEMPT: Duration = Duration::from_secs(1);
 
 /// Retries `f` while the NATS cluster elects a leader, within [`NATS_TIMEOUT`].
 async fn patiently<T, F, Fut>(what: &str, mut f: F) -> Result<T>
