@@ -21,6 +21,7 @@ mod fence;
 mod layout;
 mod leader;
 mod local;
+mod marker;
 mod members;
 mod meta;
 mod promote;
