@@ -81,7 +81,7 @@ pub struct NatsOptions {
 
 impl NatsOptions {
     /// Options without datastore TLS, for etcd's request limit (1.5 MiB), with the values in
-    /// the system's temporary directory.
+    /// the system's temporary directory (on disk: [`values_dir`](crate::values_dir::values_dir)).
     pub fn new(config: NatsConfig) -> NatsOptions {
         NatsOptions {
             config,
@@ -89,7 +89,7 @@ impl NatsOptions {
             max_request_bytes: 1536 * 1024,
             local: None,
             read_only: false,
-            values_dir: Some(std::env::temp_dir()),
+            values_dir: Some(crate::values_dir::values_dir()),
         }
     }
 }

@@ -182,7 +182,7 @@ async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn Backend>, E
             let max_request_bytes = cli.max_request_bytes as usize;
             let (embedded, config) = start_embedded(*config, max_request_bytes, stop).await?;
             let local = local_server(&embedded);
-            let values_dir = Some(crate::values_dir::values_dir());
+            let values_dir = Some(kine_backend_nats::values_dir::values_dir());
             let options =
                 kine_backend_nats::NatsOptions { config, tls, max_request_bytes, local, read_only: false, values_dir };
             // Opening waits for NATS (connection, a forming cluster, loading the bucket): a

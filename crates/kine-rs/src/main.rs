@@ -13,7 +13,6 @@ mod metrics_http;
 mod migrate;
 mod restore;
 mod s3;
-mod values_dir;
 mod version;
 
 use clap::Parser;

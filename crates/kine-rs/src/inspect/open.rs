@@ -105,7 +105,7 @@ async fn nats(flag: &str, mut config: kine_backend_nats::config::NatsConfig, cli
         .await
         .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replacen("--endpoint: ", &format!("{flag}: "), 1)))?;
     let local = crate::app::local_server(&embedded);
-    let values_dir = Some(crate::values_dir::values_dir());
+    let values_dir = Some(kine_backend_nats::values_dir::values_dir());
     let options = kine_backend_nats::NatsOptions { config, tls, max_request_bytes, local, read_only: true, values_dir };
     match kine_backend_nats::NatsBackend::open(options).await {
         Ok(backend) => Ok(ReadOnly { backend: Box::new(backend), embedded }),

@@ -1,4 +1,5 @@
-//! Where the NATS replica keeps the bucket's values (a file, unlinked at once: docs/nats.md).
+//! Where the NATS replica keeps the bucket's values by default (a file, unlinked at once:
+//! docs/nats.md): [`NatsOptions::new`](crate::NatsOptions::new) and the kine-rs binary use it.
 //!
 //! A temporary directory, never the embedded server's store: JetStream sizes its limit from
 //! that disk's free space, and a file beside it would fill the disk before the limit is reached.
@@ -8,7 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
-pub(crate) fn values_dir() -> PathBuf {
+/// The directory for the replica's value file (see the module documentation).
+pub fn values_dir() -> PathBuf {
     let dir = choose(std::env::var_os("TMPDIR").map(PathBuf::from), is_tmpfs);
     tracing::debug!(dir = %dir.display(), tmpfs = ?is_tmpfs(&dir), "the NATS replica's value file goes here");
     dir
