@@ -213,12 +213,9 @@ async fn feed_shipped(
     loop {
         let target = *shipped.borrow_and_update();
         if target > last {
-            match inner.events(&KeyRange::all(), last, target).await {
-                Ok(batches) => {
-                    let Some(feed) = feed.upgrade() else { return };
-                    for batch in batches.into_iter().filter(|b| !b.events.is_empty()) {
-                        let _ = feed.send(Arc::new(batch));
-                    }
+            let Some(feed) = feed.upgrade() else { return };
+            match send_history(&*inner, &feed, last, target).await {
+                Ok(()) => {
                     last = target;
                     sent.send_replace(last);
                 }
@@ -233,4 +230,19 @@ async fn feed_shipped(
             return;
         }
     }
+}
+
+/// Sends `feed` the revisions of `inner`'s history after `after` up to `until` that changed a
+/// key (a watcher never gets an empty revision).
+pub(crate) async fn send_history(
+    inner: &dyn Backend,
+    feed: &broadcast::Sender<Arc<RevisionEvents>>,
+    after: Revision,
+    until: Revision,
+) -> Result<()> {
+    let batches = inner.events(&KeyRange::all(), after, until).await?;
+    for batch in batches.into_iter().filter(|b| b.revision > after && !b.events.is_empty()) {
+        let _ = feed.send(Arc::new(batch));
+    }
+    Ok(())
 }

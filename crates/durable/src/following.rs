@@ -150,13 +150,8 @@ async fn fill(
     if until <= *last {
         return;
     }
-    match inner.events(&KeyRange::all(), *last, until).await {
-        Ok(batches) => {
-            for batch in batches.into_iter().filter(|b| b.revision > *last && !b.events.is_empty()) {
-                let _ = feed.send(Arc::new(batch));
-            }
-            *last = until;
-        }
+    match crate::backend::send_history(inner, feed, *last, until).await {
+        Ok(()) => *last = until,
         Err(err) => tracing::warn!(error = %err, after = *last, until, "cannot read history for watchers"),
     }
 }
