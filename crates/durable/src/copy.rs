@@ -158,6 +158,10 @@ pub(crate) async fn apply_committed(
 ) -> anyhow::Result<usize> {
     let mut n = 0;
     let mut pending: Option<(Revision, Vec<Event>)> = None;
+    // Consecutive grants (or revokes) go to the copy as one change: a segment of Kubernetes
+    // events holds one grant per event.
+    let mut granted: Vec<(i64, i64)> = Vec::new();
+    let mut revoked: Vec<i64> = Vec::new();
     let flush = |pending: &mut Option<(Revision, Vec<Event>)>| -> anyhow::Result<()> {
         if let Some((revision, events)) = pending.take() {
             replica.apply_committed(revision, events).map_err(e)?;
@@ -165,6 +169,12 @@ pub(crate) async fn apply_committed(
         Ok(())
     };
     for record in records {
+        if !matches!(record, Record::LeaseGrant { .. }) {
+            grant(replica, leases, &mut granted).await?;
+        }
+        if !matches!(record, Record::LeaseRevoke { .. }) {
+            revoke(replica, leases, &mut revoked).await?;
+        }
         match record {
             Record::Version { revision, deleted, key, create_revision, version, lease, value, .. } => {
                 n += 1;
@@ -181,13 +191,11 @@ pub(crate) async fn apply_committed(
             }
             Record::LeaseGrant { id, ttl } => {
                 flush(&mut pending)?;
-                lease_change(replica, vec![(id, ttl)], vec![]).await?;
-                let _ = leases.send(LeaseUpdate::Renewed { id, ttl });
+                granted.push((id, ttl));
             }
             Record::LeaseRevoke { id } => {
                 flush(&mut pending)?;
-                lease_change(replica, vec![], vec![id]).await?;
-                let _ = leases.send(LeaseUpdate::Revoked { id });
+                revoked.push(id);
             }
             Record::LeasesReset => {
                 flush(&mut pending)?;
@@ -213,6 +221,8 @@ pub(crate) async fn apply_committed(
         }
     }
     flush(&mut pending)?;
+    grant(replica, leases, &mut granted).await?;
+    revoke(replica, leases, &mut revoked).await?;
     let current = replica.revisions().await.map_err(e)?.current;
     if current < end {
         // Revisions without a version (none are written today): the store's revision moves on.
@@ -227,6 +237,40 @@ pub(crate) async fn apply_committed(
             .map_err(e)?;
     }
     Ok(n)
+}
+
+/// Grants the leases collected in `granted` in the copy, then tells its lease keeper.
+async fn grant(
+    replica: &MemoryBackend,
+    leases: &broadcast::Sender<LeaseUpdate>,
+    granted: &mut Vec<(i64, i64)>,
+) -> anyhow::Result<()> {
+    if granted.is_empty() {
+        return Ok(());
+    }
+    let add = std::mem::take(granted);
+    lease_change(replica, add.clone(), vec![]).await?;
+    for (id, ttl) in add {
+        let _ = leases.send(LeaseUpdate::Renewed { id, ttl });
+    }
+    Ok(())
+}
+
+/// Revokes the leases collected in `revoked` in the copy, then tells its lease keeper.
+async fn revoke(
+    replica: &MemoryBackend,
+    leases: &broadcast::Sender<LeaseUpdate>,
+    revoked: &mut Vec<i64>,
+) -> anyhow::Result<()> {
+    if revoked.is_empty() {
+        return Ok(());
+    }
+    let remove = std::mem::take(revoked);
+    lease_change(replica, vec![], remove.clone()).await?;
+    for id in remove {
+        let _ = leases.send(LeaseUpdate::Revoked { id });
+    }
+    Ok(())
 }
 
 /// Grants or revokes leases in the copy without a revision (an import of no version).

@@ -84,6 +84,20 @@ async fn a_follower_serves_reads_and_watches_refuses_writes_and_takes_over_in_pl
         assert_eq!(&next_event(&mut live, &mut live_pending).await, expected);
     }
 
+    // Leases granted together, then revoked together (one upload each), reach the copy.
+    let (mut w1, mut w2, mut w3) = (w.clone(), w.clone(), w.clone());
+    let (a, b, c) = tokio::join!(w1.lease_grant(60, None), w2.lease_grant(60, None), w3.lease_grant(60, None));
+    let granted = [a.unwrap().id(), b.unwrap().id(), c.unwrap().id()];
+    f.get("/registry/pods/p0", None).await.unwrap();
+    let held: Vec<i64> = f.leases().await.unwrap().leases().iter().map(|l| l.id()).collect();
+    assert!(granted.iter().all(|id| held.contains(id)), "granted {granted:?}, the copy holds {held:?}");
+    let (ra, rb) = tokio::join!(w1.lease_revoke(granted[0]), w2.lease_revoke(granted[1]));
+    (ra.unwrap(), rb.unwrap());
+    f.get("/registry/pods/p0", None).await.unwrap();
+    let held: Vec<i64> = f.leases().await.unwrap().leases().iter().map(|l| l.id()).collect();
+    assert!(!held.contains(&granted[0]) && !held.contains(&granted[1]), "revoked, yet the copy holds {held:?}");
+    assert!(held.contains(&granted[2]) && held.contains(&lease), "the copy holds {held:?}");
+
     // Writes are refused, naming the writer.
     let err = f.put("/registry/pods/refused", "x", None).await.unwrap_err().to_string();
     assert!(err.contains("rpc not supported for learner") && err.contains(&writer.url), "{err}");
