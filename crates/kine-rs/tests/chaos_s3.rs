@@ -11,7 +11,7 @@
 mod common;
 use common::*;
 use kine_chaos::{Fault, Lab, Schedule, Workload, run};
-use kine_testkit::s3::{ACCESS_KEY, REGION, S3Server, SECRET_KEY};
+use kine_testkit::s3::S3Server;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,27 +24,9 @@ fn start_node(lab: &Lab, i: usize, s3: &str, dirs: &mut Vec<TempDir>) -> Server 
     let dir = TempDir::new(&format!("chaos-s3-{i}"));
     let (endpoint, listen) = (db_endpoint(dir.path()), format!("{}:2379", lab.client_ip(i)));
     dirs.push(dir);
-    let args = [
-        "--endpoint",
-        &endpoint,
-        "--listen-address",
-        &listen,
-        "--s3-bucket",
-        "kine",
-        "--s3-folder",
-        "chaos",
-        "--s3-endpoint",
-        s3,
-        "--s3-region",
-        REGION,
-        "--s3-access-key",
-        ACCESS_KEY,
-        "--s3-secret-key",
-        SECRET_KEY,
-        "--s3-lock-lease",
-        LEASE,
-        "--s3-sync",
-    ];
+    let mut args = vec!["--endpoint", &endpoint, "--listen-address", &listen, "--s3-sync"];
+    let flags = common::s3::s3_flags(s3, "chaos", LEASE);
+    args.extend(flags.iter().map(String::as_str));
     Server::start_command(lab.command(i, server_bin()), &args)
 }
 

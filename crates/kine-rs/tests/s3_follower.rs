@@ -92,7 +92,8 @@ async fn a_follower_serves_reads_and_watches_refuses_writes_and_takes_over_in_pl
     let held: Vec<i64> = f.leases().await.unwrap().leases().iter().map(|l| l.id()).collect();
     assert!(granted.iter().all(|id| held.contains(id)), "granted {granted:?}, the copy holds {held:?}");
     let (ra, rb) = tokio::join!(w1.lease_revoke(granted[0]), w2.lease_revoke(granted[1]));
-    (ra.unwrap(), rb.unwrap());
+    ra.unwrap();
+    rb.unwrap();
     f.get("/registry/pods/p0", None).await.unwrap();
     let held: Vec<i64> = f.leases().await.unwrap().leases().iter().map(|l| l.id()).collect();
     assert!(!held.contains(&granted[0]) && !held.contains(&granted[1]), "revoked, yet the copy holds {held:?}");

@@ -6,13 +6,19 @@ use std::process::Command;
 
 /// The S3 flags of a node on `folder` of bucket `kine`, with a 2-s writer lock lease.
 pub fn s3_args(server: &S3Server, folder: &str) -> Vec<String> {
+    s3_flags(&server.endpoint(), folder, "2s")
+}
+
+/// The S3 flags of a node on `folder` of bucket `kine` at `endpoint`, with the writer lock's
+/// `lease`.
+pub fn s3_flags(endpoint: &str, folder: &str, lease: &str) -> Vec<String> {
     [
         "--s3-bucket",
         "kine",
         "--s3-folder",
         folder,
         "--s3-endpoint",
-        &server.endpoint(),
+        endpoint,
         "--s3-region",
         REGION,
         "--s3-access-key",
@@ -20,7 +26,7 @@ pub fn s3_args(server: &S3Server, folder: &str) -> Vec<String> {
         "--s3-secret-key",
         SECRET_KEY,
         "--s3-lock-lease",
-        "2s",
+        lease,
     ]
     .iter()
     .map(|s| s.to_string())
