@@ -140,19 +140,30 @@ mkdir -p "$LOGS"
 OUT="$WORK/test-$BACKEND.log"
 export KINE_RS_BIN="$BIN" KINE_RS_BACKEND="$BACKEND" KINE_RS_LOG_DIR="$LOGS"
 
+# A free TCP port on 127.0.0.1 (the kernel's choice).
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Waits up to 10 s for something to listen on 127.0.0.1:$1; dies naming $2 and showing log $3.
+wait_listening() {
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    die "$2 did not listen on 127.0.0.1:$1: $(tail -20 "$3")"
+}
+
 if [[ "$BACKEND" == nats ]]; then
     # One nats-server with JetStream for the whole run; each test uses its own bucket.
     NATS_BIN="${NATS_SERVER_BIN:-$(command -v nats-server || echo "$HOME/go/bin/nats-server")}"
     [[ -x "$NATS_BIN" ]] || die "nats-server not found (go install github.com/nats-io/nats-server/v2@v2.15.2, or set NATS_SERVER_BIN)"
-    NATS_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+    NATS_PORT="$(free_port)"
     rm -rf "$WORK/nats" && mkdir -p "$WORK/nats"
     "$NATS_BIN" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$WORK/nats" >"$WORK/nats/server.log" 2>&1 &
     NATS_PID=$!
     trap 'kill $NATS_PID 2>/dev/null; wait $NATS_PID 2>/dev/null' EXIT
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$NATS_PORT") 2>/dev/null && break
-        sleep 0.1
-    done
+    wait_listening "$NATS_PORT" nats-server "$WORK/nats/server.log"
     export KINE_RS_NATS_URL="nats://127.0.0.1:$NATS_PORT"
     log "nats-server $("$NATS_BIN" --version) on $KINE_RS_NATS_URL"
 fi
@@ -185,18 +196,14 @@ if [[ "$BACKEND" == s3 ]]; then
     # SQLite database in a folder of its own of bucket "kine", with --s3-sync.
     S3_BIN="${VERSITYGW_BIN:-$(command -v versitygw || echo "$HOME/go/bin/versitygw")}"
     [[ -x "$S3_BIN" ]] || die "versitygw not found (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0, or set VERSITYGW_BIN)"
-    S3_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+    S3_PORT="$(free_port)"
     rm -rf "$WORK/s3" && mkdir -p "$WORK/s3/data/kine"
     export KINE_RS_S3_ACCESS_KEY=conformance-access KINE_RS_S3_SECRET_KEY=conformance-secret-key
     ROOT_ACCESS_KEY=$KINE_RS_S3_ACCESS_KEY ROOT_SECRET_KEY=$KINE_RS_S3_SECRET_KEY \
         "$S3_BIN" --port "127.0.0.1:$S3_PORT" posix "$WORK/s3/data" >"$WORK/s3/server.log" 2>&1 &
     S3_PID=$!
     trap 'kill $S3_PID 2>/dev/null; wait $S3_PID 2>/dev/null' EXIT
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$S3_PORT") 2>/dev/null && break
-        sleep 0.1
-    done
-    (exec 3<>"/dev/tcp/127.0.0.1/$S3_PORT") 2>/dev/null || die "versitygw did not listen: $(cat "$WORK/s3/server.log")"
+    wait_listening "$S3_PORT" versitygw "$WORK/s3/server.log"
     export KINE_RS_S3_URL="http://127.0.0.1:$S3_PORT"
     log "versitygw on $KINE_RS_S3_URL"
 fi
