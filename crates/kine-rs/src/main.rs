@@ -2,6 +2,7 @@
 
 mod app;
 mod cli;
+mod datastore;
 #[cfg(feature = "embedded-nats")]
 mod embedded;
 mod endpoint;

@@ -8,8 +8,8 @@
 //!   node is started on its store (`dataDir`), on a random loopback port that only this
 //!   process knows, and stopped afterwards.
 
-use crate::app::Embedded;
 use crate::cli::Cli;
+use crate::datastore::Embedded;
 use crate::endpoint::{self, Endpoint};
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
@@ -31,15 +31,15 @@ impl ReadOnly {
 
     pub async fn close(self) {
         self.backend.close().await;
-        crate::app::shutdown_embedded(self.embedded).await;
+        crate::datastore::shutdown_embedded(self.embedded).await;
     }
 }
 
 /// The datastore `endpoint` names, opened read-only; the SQL pool and the TLS flags come from
 /// `cli`. Errors name `flag`.
 pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<ReadOnly> {
-    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::app::pool_options(cli) };
-    let tls = crate::app::sql_tls(cli);
+    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::datastore::pool_options(cli) };
+    let tls = crate::datastore::sql_tls(cli);
     let backend: Box<dyn Backend> = match endpoint::parse_as(flag, endpoint).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => Box::new(
             kine_backend_sql::SqliteBackend::open_read_only(&path)
@@ -101,16 +101,16 @@ async fn nats(flag: &str, mut config: kine_backend_nats::config::NatsConfig, cli
     let max_request_bytes = cli.max_request_bytes as usize;
     let (_trigger, stop) = crate::app::shutdown_channel();
     // Its errors name --endpoint, which is `flag` here.
-    let (embedded, config) = crate::app::start_embedded(config, max_request_bytes, &stop)
+    let (embedded, config) = crate::datastore::start_embedded(config, max_request_bytes, &stop)
         .await
         .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replacen("--endpoint: ", &format!("{flag}: "), 1)))?;
-    let local = crate::app::local_server(&embedded);
+    let local = crate::datastore::local_server(&embedded);
     let values_dir = Some(kine_backend_nats::values_dir::values_dir());
     let options = kine_backend_nats::NatsOptions { config, tls, max_request_bytes, local, read_only: true, values_dir };
     match kine_backend_nats::NatsBackend::open(options).await {
         Ok(backend) => Ok(ReadOnly { backend: Box::new(backend), embedded }),
         Err(e) => {
-            crate::app::shutdown_embedded(embedded).await;
+            crate::datastore::shutdown_embedded(embedded).await;
             Err(e.context(format!("{flag}: cannot read the NATS bucket")))
         }
     }

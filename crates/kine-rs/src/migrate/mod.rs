@@ -112,8 +112,8 @@ async fn unserved(target: &Arc<dyn Backend>) -> Result<()> {
 
 /// The target, opened for writing (created if missing, as a server would).
 async fn open_target(to: &str, cli: &Cli) -> Result<Arc<dyn Backend>> {
-    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::app::pool_options(cli) };
-    let tls = crate::app::sql_tls(cli);
+    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::datastore::pool_options(cli) };
+    let tls = crate::datastore::sql_tls(cli);
     Ok(match endpoint::parse_as("--to", to).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => {
             Arc::new(kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path })?)
