@@ -5,6 +5,10 @@
 #
 #   bench/compare.sh [seconds-per-run] [rounds]        (defaults: 5 s, 3 rounds)
 #
+# To measure a part only: COMPARE_SYSTEMS="etcd kine-postgres kine-rs-postgres" starts only the
+# systems named (labels below), COMPARE_WORKLOADS=REGEX runs only the workloads whose arguments
+# match (grep -E), e.g. COMPARE_WORKLOADS='progress|get --clients 1 '.
+#
 # Systems (label, client port):
 #   etcd              23800  etcd 3.6: $(go env GOPATH)/bin/etcd-3.6 (scripts/install-test-deps builds it)
 #   kine-sqlite       23801  Go kine v0.17.5 on SQLite: its default database, ./db/state.db of a temp dir
@@ -107,6 +111,9 @@ systems=() # "label port pid"
 start() {
     local label=$1 port=$2
     shift 2
+    if [[ -n ${COMPARE_SYSTEMS:-} && " $COMPARE_SYSTEMS " != *" $label "* ]]; then
+        return 0
+    fi
     "$@" >"$out/$label.log" 2>&1 &
     pids+=($!)
     systems+=("$label $port $!")
@@ -183,7 +190,16 @@ workloads=(
     "--workload count --shape k8s --clients 1 --keys $keys"
     "--workload watch --watchers 1000 --clients 10 --rate 200"
     "--workload replay --events 100000 --keys 1000"
+    "--workload progress --clients 16"
 )
+if [[ -n ${COMPARE_WORKLOADS:-} ]]; then
+    chosen=()
+    for w in "${workloads[@]}"; do
+        if grep -Eq -- "$COMPARE_WORKLOADS" <<<"$w"; then chosen+=("$w"); fi
+    done
+    [[ ${#chosen[@]} -gt 0 ]] || die "COMPARE_WORKLOADS=$COMPARE_WORKLOADS matches no workload"
+    workloads=("${chosen[@]}")
+fi
 failed=0 peer_failed=0
 for round in $(seq "$rounds"); do
     started=$SECONDS

@@ -25,6 +25,8 @@ use tokio::sync::broadcast;
 
 pub struct Copy {
     store: Arc<dyn ObjectStore>,
+    /// The store's cluster id, from its manifest.
+    cluster_id: u64,
     replica: Arc<MemoryBackend>,
     /// Where the copy is; held for the whole of a catch-up round.
     position: tokio::sync::Mutex<Restored>,
@@ -54,9 +56,9 @@ impl Copy {
         store: Arc<dyn ObjectStore>,
         leases: broadcast::Sender<LeaseUpdate>,
     ) -> anyhow::Result<Option<Copy>> {
-        if manifest::read(store.as_ref(), None).await?.is_none() {
+        let Some((manifest, _)) = manifest::read(store.as_ref(), None).await? else {
             return Ok(None);
-        }
+        };
         let replica = Arc::new(MemoryBackend::new());
         let done = restore_checkpoint(store.as_ref(), replica.as_ref(), Revision::MAX).await?;
         if let Some(at) = done.checkpoint
@@ -66,6 +68,7 @@ impl Copy {
         }
         let copy = Copy {
             store,
+            cluster_id: manifest.cluster_id,
             replica,
             position: tokio::sync::Mutex::new(done),
             begun: AtomicU64::new(0),
@@ -75,6 +78,11 @@ impl Copy {
         };
         copy.catch_up().await?;
         Ok(Some(copy))
+    }
+
+    /// The cluster id of the store the copy follows.
+    pub fn cluster_id(&self) -> u64 {
+        self.cluster_id
     }
 
     pub fn replica(&self) -> Arc<MemoryBackend> {

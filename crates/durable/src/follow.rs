@@ -78,7 +78,7 @@ pub async fn begin(
             Some(copy) => {
                 let copy = Arc::new(copy);
                 let (revision, _) = copy.position().await;
-                let cluster_id = manifest::read(store.as_ref(), None).await?.map_or(0, |(m, _)| m.cluster_id);
+                let cluster_id = copy.cluster_id();
                 let origin = origin(&holder.node, &holder.address);
                 let following =
                     Following::new(copy.clone(), local.as_ref(), cluster_id, origin, leases).await.map_err(e)?;
