@@ -51,7 +51,8 @@ def color(r):
     """Green for a ratio above 1, red below, white at 1; saturated at 4× either way."""
     if r is None or math.isnan(r):
         return "#eee"
-    t = max(-1.0, min(1.0, math.log(r, 4)))
+    # 0: the system did nothing (every request failed); infinite: the other one did nothing.
+    t = -1.0 if r <= 0 else 1.0 if math.isinf(r) else max(-1.0, min(1.0, math.log(r, 4)))
     if t >= 0:
         return f"rgb({int(255 - 155 * t)},{int(255 - 55 * t)},{int(255 - 155 * t)})"
     return f"rgb(255,{int(255 + 155 * t)},{int(255 + 155 * t)})"

@@ -294,7 +294,9 @@ pub async fn preload(client: &Client, clients: u64, p: &Params) -> anyhow::Resul
 }
 
 /// Progress requests on a watch stream of its own with one watch (on a key nobody writes), each
-/// waiting for the progress notification that answers it.
+/// waiting for the progress notification that answers it. A request still unanswered a second
+/// after the deadline counts as an error and ends the client's run (a server that never answers
+/// progress requests would otherwise hold the run forever).
 pub async fn progress(mut c: Client, id: u64, deadline: Instant) -> Stats {
     let mut stats = Stats::default();
     let Ok(mut stream) = c.watch(format!("/bench/progress/{id}"), None).await else {
@@ -306,6 +308,7 @@ pub async fn progress(mut c: Client, id: u64, deadline: Instant) -> Stats {
         return stats;
     }
     while Instant::now() < deadline {
+        let limit = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
         let answered = async {
             stream.request_progress().await?;
             loop {
@@ -316,7 +319,14 @@ pub async fn progress(mut c: Client, id: u64, deadline: Instant) -> Stats {
                 }
             }
         };
-        timed(&mut stats, answered).await;
+        let answered = async {
+            tokio::time::timeout(limit, answered)
+                .await
+                .unwrap_or_else(|_| Err(etcd_client::Error::WatchError("no progress notification".into())))
+        };
+        if timed(&mut stats, answered).await.is_none() && Instant::now() >= deadline {
+            break;
+        }
     }
     stats
 }
