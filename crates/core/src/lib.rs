@@ -21,6 +21,7 @@ pub mod pages;
 pub mod range;
 pub mod range_stream;
 pub mod request;
+pub mod rounds;
 pub mod shutdown;
 pub mod snapshot;
 pub mod store;

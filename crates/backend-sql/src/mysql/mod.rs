@@ -21,6 +21,7 @@ use anyhow::Context;
 pub use connect::{Connector, Role, connection_lost, unavailable};
 use kine_core::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
+use kine_core::rounds::{Failed, Rounds};
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
 use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, range};
@@ -57,12 +58,26 @@ impl std::fmt::Debug for MysqlOptions {
     }
 }
 
+/// The current and compact revisions in one statement, shared by the callers waiting at the
+/// same time (watch creation and progress requests ask for them: `kine_core::rounds`).
+fn revision_rounds(readers: &Arc<ReadPool>) -> Rounds<(Revision, Revision)> {
+    let readers = readers.clone();
+    Rounds::new(Failed::AskAlone, move || {
+        let readers = readers.clone();
+        async move {
+            readers.single(|c| Ok(schema::revisions(c).map(|(current, compacted, _)| (current, compacted))?)).await
+        }
+    })
+}
+
 pub struct MysqlBackend {
     shared: Arc<Shared>,
     writer: Writer,
     /// Wakes this node's feed.
     nudge: feed::Nudge,
     readers: Arc<ReadPool>,
+    /// The current and compact revisions: one statement shared by the callers waiting.
+    revisions: Rounds<(Revision, Revision)>,
     cluster_id: u64,
     member_id: u64,
     /// Opened with [`MysqlBackend::open_read_only`]: no writer, no feed.
@@ -81,11 +96,13 @@ impl MysqlBackend {
         let writer =
             writer::spawn(connector.clone(), shared.clone(), nudge.clone()).context("start the MySQL writer")?;
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "MySQL database open");
+        let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(MysqlBackend {
             shared,
             writer: Writer::new(writer),
             nudge,
-            readers: Arc::new(ReadPool::new(connector, options.pool)),
+            revisions: revision_rounds(&readers),
+            readers,
             cluster_id: meta.cluster_id,
             member_id: kine_core::id::random_nonzero(),
             read_only: false,
@@ -97,11 +114,13 @@ impl MysqlBackend {
     pub fn open_read_only(options: MysqlOptions) -> anyhow::Result<MysqlBackend> {
         let (connector, mut conn) = connect::connect(&options, false)?;
         let meta = schema::existing(&mut conn).with_context(|| format!("--endpoint {}", dsn::redact(&options.url)))?;
+        let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(MysqlBackend {
             shared: Arc::new(Shared::new(meta.revision, meta.compact_revision)),
             writer: Writer::none(),
             nudge: feed::Nudge::none(),
-            readers: Arc::new(ReadPool::new(connector, options.pool)),
+            revisions: revision_rounds(&readers),
+            readers,
             cluster_id: meta.cluster_id,
             member_id: kine_core::id::random_nonzero(),
             read_only: true,
@@ -142,7 +161,7 @@ impl Backend for MysqlBackend {
     async fn revisions(&self) -> Result<Revisions> {
         self.serving()?;
         // One statement, one snapshot: the rows agree without a transaction around them.
-        let (current, compacted, _) = self.readers.single(|c| Ok(schema::revisions(c)?)).await?;
+        let (current, compacted) = self.revisions.get().await?;
         if self.read_only {
             return Ok(Revisions { current, compacted });
         }

@@ -24,6 +24,7 @@ use anyhow::Context;
 use conn::Sql;
 use kine_core::backend::{AuthRecord, Backend, BackendStatus, LeaseUpdate, Revisions};
 use kine_core::request::{RangeRequest, RangeResponse, Revisioned};
+use kine_core::rounds::{Failed, Rounds};
 use kine_core::txn::{WriteOp, WriteResponse};
 use kine_core::view::WriteView;
 use kine_core::{Error, KeyRange, LeaseId, Result, Revision, RevisionEvents, range};
@@ -85,10 +86,22 @@ impl Connector {
     }
 }
 
+/// The current and compact revisions in one statement, shared by the callers waiting at the
+/// same time (watch creation and progress requests ask for them: `kine_core::rounds`).
+fn revision_rounds(readers: &Arc<ReadPool>) -> Rounds<(Revision, Revision)> {
+    let readers = readers.clone();
+    Rounds::new(Failed::AskAlone, move || {
+        let readers = readers.clone();
+        async move { readers.single(|c| Ok(schema::revisions(c)?)).await }
+    })
+}
+
 pub struct PostgresBackend {
     shared: Arc<Shared>,
     writer: Writer,
     readers: Arc<ReadPool>,
+    /// The current and compact revisions: one statement shared by the callers waiting.
+    revisions: Rounds<(Revision, Revision)>,
     cluster_id: u64,
     member_id: u64,
     /// Opened with [`PostgresBackend::open_read_only`]: no writer, no feed.
@@ -113,10 +126,12 @@ impl PostgresBackend {
         let writer = writer::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL writer")?;
         feed::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL event feed")?;
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "PostgreSQL database open");
+        let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(PostgresBackend {
             shared,
             writer: Writer::new(writer),
-            readers: Arc::new(ReadPool::new(connector, options.pool)),
+            revisions: revision_rounds(&readers),
+            readers,
             cluster_id: meta.cluster_id,
             member_id: kine_core::id::random_nonzero(),
             read_only: false,
@@ -130,10 +145,12 @@ impl PostgresBackend {
             let (connector, mut client) = open::connect(&options, false)?;
             let meta =
                 schema::existing(&mut client).with_context(|| format!("--endpoint {}", open::redact(&options.url)))?;
+            let readers = Arc::new(ReadPool::new(connector, options.pool));
             Ok(PostgresBackend {
                 shared: Arc::new(Shared::new(meta.revision, meta.compact_revision)),
                 writer: Writer::none(),
-                readers: Arc::new(ReadPool::new(connector, options.pool)),
+                revisions: revision_rounds(&readers),
+                readers,
                 cluster_id: meta.cluster_id,
                 member_id: kine_core::id::random_nonzero(),
                 read_only: true,
@@ -177,7 +194,7 @@ impl Backend for PostgresBackend {
     async fn revisions(&self) -> Result<Revisions> {
         self.serving()?;
         // One statement, one snapshot: both rows agree without a transaction around them.
-        let (current, compacted) = self.readers.single(|c| Ok(schema::revisions(c)?)).await?;
+        let (current, compacted) = self.revisions.get().await?;
         if self.read_only {
             return Ok(Revisions { current, compacted });
         }
