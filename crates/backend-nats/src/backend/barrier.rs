@@ -2,10 +2,10 @@
 //! leader once for every read waiting at that moment.
 //!
 //! A read must see every write acknowledged before it started, so it may only use an answer to a
-//! request sent after it arrived. Requests go out in rounds (`kine_core::rounds`), one at a time: a read that arrives
-//! while a round is in flight waits for the next one (a read that finds none in flight sends
-//! its own, without a task hop). Under load every read waits at most two
-//! round trips, and NATS answers one request per round trip, whatever the number of readers.
+//! request sent after it arrived. Requests go out in rounds (`kine_core::rounds`), one at a
+//! time: a read that arrives while a round is in flight waits for the next one (a read that
+//! finds none in flight sends its own, without a task hop). Under load every read waits at most
+//! two round trips, and NATS answers one request per round trip, whatever the number of readers.
 //! The request costs the same whatever the bucket holds (the stream's state, not a message
 //! lookup).
 //!
