@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # python-etcd3's own test suite (0.12.0, unmodified, from its PyPI sdist; scripts/install-test-deps
-# installs it) against kine-rs on 127.0.0.1:2379 inside a private network namespace (some of its
-# tests hard-code localhost:2379), on a fresh datastore. On NATS, PostgreSQL and MariaDB, three
-# kine-rs nodes named pifpaf0..2 serve one bucket or database (the suite expects pifpaf's
-# 3-member cluster); on SQLite and memory, one node. The servers (nats-server, a throwaway
-# PostgreSQL or MariaDB) run inside the namespace too.
+# installs it) against kine-rs on 127.0.0.1:2379, on a fresh datastore, inside a private network
+# namespace (some of its tests hard-code localhost:2379) and a private PID namespace (its
+# serializable-read tests SIGSTOP every process whose command line has `--name pifpaf1` or
+# `pifpaf2`: seeing the whole machine, a run beside another run of this script stopped that
+# run's nodes, and failed when they had exited before it could resume them). On NATS,
+# PostgreSQL and MariaDB, three kine-rs nodes named pifpaf0..2 serve one bucket or database (the
+# suite expects pifpaf's 3-member cluster); on SQLite and memory, one node. The servers
+# (nats-server, a throwaway PostgreSQL or MariaDB) run inside the namespaces too.
 #
 #   scripts/python-etcd3.sh [sqlite|memory|nats|postgres|mysql]
 #
 # Tests that need what kine-rs does not have are left out, named below with the reason
-# (COMPAT.md, "Clients"). Every other test must pass. Needs root (unshare -n).
+# (COMPAT.md, "Clients"). Every other test must pass. Needs root (unshare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=${1:-sqlite}
@@ -17,7 +20,7 @@ bin=$(realpath "${KINE_RS_BIN:-target/debug/kine-rs}")
 home=${PYTHON_ETCD3_HOME:-$HOME/.cache/kine-rs/python-etcd3}
 [ -x "$home/venv/bin/python" ] || { echo "python-etcd3: not installed in $home (run scripts/install-test-deps)" >&2; exit 2; }
 if [ "${KINE_RS_NETNS:-}" != 1 ]; then
-  exec unshare -n env KINE_RS_NETNS=1 KINE_RS_BIN="$bin" "$0" "$@"
+  exec unshare --net --pid --fork --mount-proc --kill-child env KINE_RS_NETNS=1 KINE_RS_BIN="$bin" "$0" "$@"
 fi
 ip link set lo up
 work=$(mktemp -d)
