@@ -17,6 +17,7 @@ mod barrier;
 mod compact;
 mod consumer;
 mod copy;
+mod direct;
 mod fence;
 mod layout;
 mod leader;

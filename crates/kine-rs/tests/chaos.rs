@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use kine_chaos::{Fault, Lab, Partition, Report, Schedule, Stall, Workload, run};
 use kine_testkit::mysql::MariaDbServer;
-use kine_testkit::nats::{NatsCluster, free_port};
+use kine_testkit::nats::{NatsCluster, NatsServer, free_port};
 use kine_testkit::postgres::PgServer;
 use kine_testkit::proxy::Proxy;
 use std::sync::Arc;
@@ -114,6 +114,21 @@ async fn postgres_stalls_under_two_nodes() {
 async fn mariadb_stalls_under_two_nodes() {
     let db = MariaDbServer::start();
     stalled_database(&db.url("chaos"), "MariaDB", db.pid(), || db.log()).await;
+}
+
+/// Two nodes on one standalone nats-server, whose read barriers ask the stream's last message
+/// with a direct get (backend/direct.rs), falling back to STREAM.INFO while the server stalls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standalone_nats_server_stalls_under_two_nodes() {
+    let nats = NatsServer::start();
+    let endpoint = format!("{}?noEmbed&bucket=chaos", nats.url());
+    let nodes: Vec<Server> = (0..2).map(|_| Server::start(&["--endpoint", &endpoint])).collect();
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+    let mut fault = Stall::new("nats-server", vec![nats.pid()]);
+    let spec = Workload { timeout: Duration::from_secs(10), ..Workload::default() };
+    let report = run(&endpoints, spec, &mut fault, schedule()).await.expect("the run");
+    held(&report, || nodes.iter().map(Server::log).collect());
+    answered_by_kine_rs(&report);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

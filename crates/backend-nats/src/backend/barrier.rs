@@ -15,7 +15,11 @@
 //! before the news of its deposition: its answer counts only if it heard from a quorum of the
 //! replicas within [`leader::LEASE`] (etcd's leader lease). A read-only copy takes any answer:
 //! it serves as of what its mirror holds.
+//!
+//! A primary connected to a standalone nats-server that holds the stream (no other replica)
+//! asks a cheaper question of the stream itself: see `direct`.
 
+use super::direct::Direct;
 use super::leader::{self, LEASE};
 use super::local::LocalStream;
 use async_nats::jetstream;
@@ -39,9 +43,10 @@ impl Rounds {
     pub fn new(js: jetstream::Context, name: String, local: Option<LocalStream>, copy: bool) -> Rounds {
         let copy = Arc::new(AtomicBool::new(copy));
         let asking = copy.clone();
+        let direct = Arc::new(Direct::new(js.client(), &name));
         let rounds = rounds::Rounds::new(Failed::Unavailable, move || {
-            let (js, name, copy) = (js.clone(), name.clone(), asking.load(Ordering::Relaxed));
-            async move { ask(&js, &name, copy).await }
+            let (js, name, copy, direct) = (js.clone(), name.clone(), asking.load(Ordering::Relaxed), direct.clone());
+            async move { ask(&js, &name, copy, &direct).await }
         });
         Rounds { local, copy, rounds }
     }
@@ -65,9 +70,17 @@ impl Rounds {
     }
 }
 
-/// One round: the leader over NATS (the server in this process was asked first, by
-/// `immediate`); an answer without the lease is asked for again meanwhile.
-async fn ask(js: &jetstream::Context, name: &str, copy: bool) -> Result<Revision> {
-    let state = if copy { leader::stream_state(js, name).await } else { leader::leading_state(js, name).await };
-    state.map(|s| s.last).map_err(|e| Error::Unavailable(e.to_string()))
+/// One round: the stream itself over NATS if `direct` may ask, else its leader (the server in
+/// this process was asked first, by `immediate`); an answer without the lease is asked for
+/// again meanwhile.
+async fn ask(js: &jetstream::Context, name: &str, copy: bool, direct: &Direct) -> Result<Revision> {
+    if copy {
+        return leader::stream_state(js, name).await.map(|s| s.last).map_err(|e| Error::Unavailable(e.to_string()));
+    }
+    if let Some(last) = direct.last().await {
+        return Ok(last);
+    }
+    let state = leader::leading_state(js, name).await.map_err(|e| Error::Unavailable(e.to_string()))?;
+    direct.confirm(state.here);
+    Ok(state.last)
 }

@@ -16,6 +16,8 @@ pub(super) struct StreamState {
     /// For a stream with other replicas: how long ago the leader that answered last heard from
     /// a quorum of them (see [`LEASE`]).
     pub contact: Option<Duration>,
+    /// The stream has no other replicas and is led by the server this client is connected to.
+    pub here: bool,
 }
 
 /// A replicated stream's leader answers for the stream only while it heard from a quorum of its
@@ -49,7 +51,7 @@ fn quorum_contact(replicas: &[Replica]) -> Option<Duration> {
 
 /// One request's limit: a leader that died answers nothing, and the next attempt may reach the
 /// one elected after it.
-const ATTEMPT: Duration = Duration::from_secs(1);
+pub(super) const ATTEMPT: Duration = Duration::from_secs(1);
 
 /// Retries `f` while the NATS cluster elects a leader, within [`NATS_TIMEOUT`].
 async fn patiently<T, F, Fut>(what: &str, mut f: F) -> Result<T>
@@ -145,7 +147,9 @@ async fn state(js: &jetstream::Context, name: &str, leased: bool) -> Result<Stre
                 contact.unwrap_or_default()
             ));
         }
-        Ok(StreamState { messages: info.state.messages, last: info.state.last_seq as Revision, contact })
+        let leader = info.cluster.as_ref().and_then(|c| c.leader.as_deref());
+        let here = contact.is_none() && leader.is_some_and(|l| l == js.client().server_info().server_name);
+        Ok(StreamState { messages: info.state.messages, last: info.state.last_seq as Revision, contact, here })
     })
     .await
 }
