@@ -42,6 +42,8 @@ pub struct Lessor {
     leases: Mutex<HashMap<LeaseId, LeaseState>>,
     /// Wakes the expiry loop when a lease with an earlier deadline appears.
     changed: Notify,
+    /// Wakes time-to-live questions about an expired lease when a lease is gone.
+    gone: Notify,
 }
 
 impl Lessor {
@@ -54,11 +56,17 @@ impl Lessor {
             .into_iter()
             .map(|(id, ttl)| (id, LeaseState { ttl, deadline: now + secs(ttl) }))
             .collect();
-        Ok(Arc::new(Lessor { backend, leases: Mutex::new(leases), changed: Notify::new() }))
+        Ok(Arc::new(Lessor { backend, leases: Mutex::new(leases), changed: Notify::new(), gone: Notify::new() }))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, LeaseState>> {
         self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops a lease that was revoked (here or by another node).
+    fn forget(&self, id: LeaseId) {
+        self.state().remove(&id);
+        self.gone.notify_waiters();
     }
 
     /// Grants a lease; `id` 0 lets the server choose. Returns the id and the granted TTL.
@@ -97,7 +105,7 @@ impl Lessor {
             crate::metrics::metrics().leases_revoked.inc();
         }
         if matches!(result, Ok(_) | Err(Error::LeaseNotFound)) {
-            self.state().remove(&id);
+            self.forget(id);
         }
         Ok(result?.revision)
     }
@@ -134,9 +142,7 @@ impl Lessor {
                     self.state().insert(id, LeaseState { ttl, deadline: Instant::now() + secs(ttl) });
                     self.changed.notify_one();
                 }
-                Ok(LeaseUpdate::Revoked { id }) => {
-                    self.state().remove(&id);
-                }
+                Ok(LeaseUpdate::Revoked { id }) => self.forget(id),
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                     tracing::warn!(missed = n, "missed lease updates; reloading leases");
                     if let Ok(all) = self.backend.leases().await {
@@ -153,13 +159,26 @@ impl Lessor {
         }
     }
 
-    /// `None` when the lease does not exist.
+    /// `None` when the lease does not exist. A lease past its deadline is being revoked (its
+    /// keys deleted, the events sent to watchers): the answer waits for that, up to
+    /// [`REVOKE_WAIT`], so that nobody learns of the deletion and then finds the lease alive (in
+    /// etcd the revoke deletes both at once). After that it answers TTL 0, as etcd does for an
+    /// expired lease not revoked yet.
     pub async fn time_to_live(&self, id: LeaseId, with_keys: bool) -> Result<Option<TimeToLive>> {
-        let (ttl, granted_ttl) = {
-            let leases = self.state();
-            let Some(l) = leases.get(&id) else { return Ok(None) };
-            let remaining = l.deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
-            (remaining, l.ttl)
+        let waited_until = Instant::now() + REVOKE_WAIT;
+        let (ttl, granted_ttl) = loop {
+            let gone = self.gone.notified();
+            tokio::pin!(gone);
+            gone.as_mut().enable();
+            {
+                let leases = self.state();
+                let Some(l) = leases.get(&id) else { return Ok(None) };
+                let now = Instant::now();
+                if l.deadline > now || now >= waited_until {
+                    break (l.deadline.saturating_duration_since(now).as_secs() as i64, l.ttl);
+                }
+            }
+            let _ = tokio::time::timeout_at(waited_until, gone).await;
         };
         let keys = if with_keys { self.backend.lease_keys(id).await? } else { Vec::new() };
         Ok(Some(TimeToLive { id, ttl, granted_ttl, keys }))
@@ -227,11 +246,9 @@ impl Lessor {
                         tracing::debug!(lease = id, revision = r.revision, "lease expired and revoked");
                         crate::metrics::metrics().leases_expired.inc();
                         crate::metrics::metrics().leases_revoked.inc();
-                        self.state().remove(&id);
+                        self.forget(id);
                     }
-                    Err(Error::LeaseNotFound) => {
-                        self.state().remove(&id);
-                    }
+                    Err(Error::LeaseNotFound) => self.forget(id),
                     Err(e) => {
                         // Once a second, not in a loop; one warning until it works again.
                         if failures == 0 {
@@ -251,6 +268,9 @@ impl Lessor {
 
 /// How long expiry waits after a revoke failed.
 const REVOKE_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a time-to-live question about an expired lease waits for its revoke.
+const REVOKE_WAIT: Duration = Duration::from_secs(1);
 
 fn secs(ttl: i64) -> Duration {
     Duration::from_secs(ttl.max(0) as u64)

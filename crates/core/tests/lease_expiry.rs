@@ -46,11 +46,13 @@ async fn leases_expire_on_time_and_keep_alive_extends_them() {
     }
 }
 
-/// The memory backend, with lease revokes failing (as on a datastore out of reach) until told.
+/// The memory backend, with lease revokes failing (as on a datastore out of reach) until told,
+/// and each taking `delay`.
 struct RevokesFail {
     inner: MemoryBackend,
     failing: AtomicBool,
     attempts: AtomicUsize,
+    delay: Duration,
 }
 
 #[async_trait::async_trait]
@@ -73,6 +75,7 @@ impl Backend for RevokesFail {
     async fn write(&self, op: WriteOp) -> Result<Revisioned<WriteResponse>> {
         if matches!(op, WriteOp::LeaseRevoke { .. }) {
             self.attempts.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
             if self.failing.load(Ordering::SeqCst) {
                 return Err(Error::Unavailable("etcdserver: request timed out".into()));
             }
@@ -119,6 +122,7 @@ async fn a_failing_revoke_is_retried_every_second() {
         inner: MemoryBackend::new(),
         failing: AtomicBool::new(true),
         attempts: AtomicUsize::new(0),
+        delay: Duration::ZERO,
     });
     let store = Store::open(backend.clone(), StoreOptions::default()).await.unwrap();
     let (trigger, stop) = shutdown::channel();
@@ -135,6 +139,43 @@ async fn a_failing_revoke_is_retried_every_second() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(count(&store).await, 0, "revoked once it can be");
     assert!(store.lease_list().is_empty());
+    trigger.trigger();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// A time-to-live question about a lease whose revoke is under way is answered once the revoke
+/// is done (the lease gone with its keys), as etcd deletes both at once: a client that saw the
+/// keys' deletion never finds the lease alive afterwards. While revokes fail, it answers TTL 0
+/// after a second.
+#[tokio::test(start_paused = true)]
+async fn time_to_live_of_an_expired_lease_waits_for_its_revoke() {
+    let backend = Arc::new(RevokesFail {
+        inner: MemoryBackend::new(),
+        failing: AtomicBool::new(false),
+        attempts: AtomicUsize::new(0),
+        delay: Duration::from_millis(300),
+    });
+    let store = Store::open(backend.clone(), StoreOptions::default()).await.unwrap();
+    let (trigger, stop) = shutdown::channel();
+    let tasks = store.spawn_tasks(&stop);
+    let (lease, _, _) = store.lease_grant(0, 2).await.unwrap();
+    store.put(PutRequest { key: "a".into(), value: b"v".to_vec(), lease, ..Default::default() }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(backend.attempts.load(Ordering::SeqCst), 1, "the revoke is under way");
+    let asked = tokio::time::Instant::now();
+    assert_eq!(store.lease_time_to_live(lease, false).await.unwrap(), None);
+    assert_eq!(count(&store).await, 0, "answered after the keys were deleted");
+    assert!(asked.elapsed() <= Duration::from_millis(300), "waited {:?}", asked.elapsed());
+
+    backend.failing.store(true, Ordering::SeqCst);
+    let (lease, _, _) = store.lease_grant(0, 2).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let asked = tokio::time::Instant::now();
+    let ttl = store.lease_time_to_live(lease, false).await.unwrap().expect("not revoked");
+    assert_eq!((ttl.ttl, ttl.granted_ttl), (0, 2));
+    assert_eq!(asked.elapsed(), Duration::from_secs(1), "waited for the revoke that long");
     trigger.trigger();
     for t in tasks {
         t.await.unwrap();
