@@ -114,22 +114,30 @@ impl Backend for RevokesFail {
     }
 }
 
+impl RevokesFail {
+    fn new(failing: bool, delay: Duration) -> Arc<RevokesFail> {
+        let (failing, attempts) = (AtomicBool::new(failing), AtomicUsize::new(0));
+        Arc::new(RevokesFail { inner: MemoryBackend::new(), failing, attempts, delay })
+    }
+}
+
+/// A lease of 2 s with key "a", 100 ms past its deadline (the clock paused).
+async fn expired_lease_with_a_key(store: &Store) -> LeaseId {
+    let (lease, _, _) = store.lease_grant(0, 2).await.unwrap();
+    store.put(PutRequest { key: "a".into(), value: b"v".to_vec(), lease, ..Default::default() }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    lease
+}
+
 /// A revoke that fails is tried again once a second, not in a loop (which, with the clock
 /// paused, would never let time advance: the test would hang), and succeeds once it can.
 #[tokio::test(start_paused = true)]
 async fn a_failing_revoke_is_retried_every_second() {
-    let backend = Arc::new(RevokesFail {
-        inner: MemoryBackend::new(),
-        failing: AtomicBool::new(true),
-        attempts: AtomicUsize::new(0),
-        delay: Duration::ZERO,
-    });
+    let backend = RevokesFail::new(true, Duration::ZERO);
     let store = Store::open(backend.clone(), StoreOptions::default()).await.unwrap();
     let (trigger, stop) = shutdown::channel();
     let tasks = store.spawn_tasks(&stop);
-    let (lease, _, _) = store.lease_grant(0, 2).await.unwrap();
-    store.put(PutRequest { key: "a".into(), value: b"v".to_vec(), lease, ..Default::default() }).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    expired_lease_with_a_key(&store).await;
     assert_eq!(backend.attempts.load(Ordering::SeqCst), 1, "the first attempt, at expiry");
     tokio::time::sleep(Duration::from_secs(5)).await;
     let attempts = backend.attempts.load(Ordering::SeqCst);
@@ -151,18 +159,11 @@ async fn a_failing_revoke_is_retried_every_second() {
 /// after a second.
 #[tokio::test(start_paused = true)]
 async fn time_to_live_of_an_expired_lease_waits_for_its_revoke() {
-    let backend = Arc::new(RevokesFail {
-        inner: MemoryBackend::new(),
-        failing: AtomicBool::new(false),
-        attempts: AtomicUsize::new(0),
-        delay: Duration::from_millis(300),
-    });
+    let backend = RevokesFail::new(false, Duration::from_millis(300));
     let store = Store::open(backend.clone(), StoreOptions::default()).await.unwrap();
     let (trigger, stop) = shutdown::channel();
     let tasks = store.spawn_tasks(&stop);
-    let (lease, _, _) = store.lease_grant(0, 2).await.unwrap();
-    store.put(PutRequest { key: "a".into(), value: b"v".to_vec(), lease, ..Default::default() }).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let lease = expired_lease_with_a_key(&store).await;
     assert_eq!(backend.attempts.load(Ordering::SeqCst), 1, "the revoke is under way");
     let asked = tokio::time::Instant::now();
     assert_eq!(store.lease_time_to_live(lease, false).await.unwrap(), None);
@@ -170,8 +171,7 @@ async fn time_to_live_of_an_expired_lease_waits_for_its_revoke() {
     assert!(asked.elapsed() <= Duration::from_millis(300), "waited {:?}", asked.elapsed());
 
     backend.failing.store(true, Ordering::SeqCst);
-    let (lease, _, _) = store.lease_grant(0, 2).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let lease = expired_lease_with_a_key(&store).await;
     let asked = tokio::time::Instant::now();
     let ttl = store.lease_time_to_live(lease, false).await.unwrap().expect("not revoked");
     assert_eq!((ttl.ttl, ttl.granted_ttl), (0, 2));
