@@ -211,3 +211,37 @@ async fn unsupported_rpcs_are_rejected_precisely() {
     let e = c.member_promote(id ^ 1).await.unwrap_err();
     assert_eq!(code(&e), (tonic::Code::NotFound, "etcdserver: member not found".into()));
 }
+
+/// The write system calls the server process has made (`syscw` in /proc/PID/io: write and
+/// writev, all threads).
+fn writes_of(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).expect("read /proc/PID/io");
+    let line = io.lines().find(|l| l.starts_with("syscw:")).expect("syscw in /proc/PID/io");
+    line["syscw:".len()..].trim().parse().expect("syscw is a number")
+}
+
+/// A unary response (HEADERS, DATA, trailers) leaves in one write when its message fits in the
+/// HTTP/2 write buffer (vendor/h2, patch 2): stock h2 writes a DATA payload of 256 bytes or more
+/// on its own and the trailers after it, two writes per response, and the client reads two
+/// segments.
+#[tokio::test]
+async fn a_response_leaves_in_one_write() {
+    let server = Server::start(&["--endpoint", "memory://"]);
+    let mut c = server.client().await;
+    let pid = server.child.id();
+    for size in [300, 4096, 12_000] {
+        let key = format!("value-of-{size}");
+        c.put(key.as_str(), vec![b'v'; size], None).await.unwrap();
+        for _ in 0..20 {
+            c.get(key.as_str(), None).await.unwrap();
+        }
+        let before = writes_of(pid);
+        let gets = 200;
+        for _ in 0..gets {
+            let r = c.get(key.as_str(), None).await.unwrap();
+            assert_eq!(r.kvs()[0].value().len(), size);
+        }
+        let writes = writes_of(pid) - before;
+        assert!(writes <= gets + gets / 10, "{writes} writes for {gets} gets of {size}-byte values");
+    }
+}

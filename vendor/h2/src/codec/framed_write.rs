@@ -237,7 +237,13 @@ where
                     return Err(PayloadTooBig);
                 }
 
-                if len >= self.chain_threshold {
+                // kine-rs patch: a payload that fits in the buffer's spare room is copied, not
+                // chained. A chained payload must be written before anything else can be
+                // buffered, so the frames after it (a gRPC response's trailers, the next
+                // stream's response) cost a write of their own; a copy of a few KiB is far
+                // cheaper than that system call. Payloads that do not fit are chained as before.
+                let spare = self.buf.get_ref().capacity() - self.buf.get_ref().len();
+                if len >= self.chain_threshold && len + frame::HEADER_LEN > spare {
                     let head = v.head();
 
                     // Encode the frame head to the buffer
