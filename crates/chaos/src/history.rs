@@ -82,7 +82,7 @@ impl History {
         let mut inner = self.lock();
         if let Outcome::Written(revision) = outcome {
             let value = match call {
-                Call::Create { value } | Call::Update { value, .. } => Some(value),
+                Call::Create { value } | Call::Update { value, .. } | Call::Put { value } => Some(value),
                 _ => None,
             };
             inner.acked.push(Acked { key: key.to_string(), revision, value });

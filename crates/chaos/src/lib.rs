@@ -21,4 +21,4 @@ pub mod workload;
 pub use faults::{Fault, SmallDisk, Stall};
 pub use netns::{Lab, Partition};
 pub use run::{Report, Schedule, run};
-pub use workload::Workload;
+pub use workload::{Mix, Workload};

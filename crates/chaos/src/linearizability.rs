@@ -35,6 +35,9 @@ pub enum Call {
     Update { expected: i64, value: u64 },
     /// `If mod_revision(k) == expected Then Delete(k) Else Get(k)`: its delete.
     Delete { expected: i64 },
+    /// A plain Put: no compare, it always takes effect (etcd never refuses one because other
+    /// clients write the same key).
+    Put { value: u64 },
 }
 
 /// The answer, if one came.
@@ -172,6 +175,7 @@ fn step(state: State, op: &Operation) -> Option<State> {
         (Call::Get, Outcome::Read(seen)) => matches(state, seen),
         (Call::Get, Outcome::Unknown) => Some(state),
         (Call::Get, _) => None,
+        (Call::Put { .. }, Outcome::Refused(_)) => None,
         (_, Outcome::Refused(seen)) => {
             let state = matches(state, seen)?;
             let expected = expected_revision(op.call);
@@ -205,7 +209,7 @@ fn matches(state: State, seen: Seen) -> Option<State> {
 /// The compare's expected mod revision (0 = absent).
 fn expected_revision(call: Call) -> i64 {
     match call {
-        Call::Create { .. } | Call::Get => 0,
+        Call::Create { .. } | Call::Get | Call::Put { .. } => 0,
         Call::Update { expected, .. } | Call::Delete { expected } => expected,
     }
 }
@@ -220,6 +224,9 @@ fn current_revision(state: State) -> Option<i64> {
 
 /// `state` (with an unknown revision bound to the expected one) if the compare holds.
 fn precondition(state: State, call: Call) -> Option<State> {
+    if let Call::Put { .. } = call {
+        return Some(state);
+    }
     let expected = expected_revision(call);
     match (state, current_revision(state)) {
         (_, Some(r)) if r == expected => Some(state),
@@ -230,7 +237,7 @@ fn precondition(state: State, call: Call) -> Option<State> {
 
 fn effect(call: Call, revision: Option<i64>) -> State {
     match call {
-        Call::Create { value } | Call::Update { value, .. } => Some((value, revision)),
+        Call::Create { value } | Call::Update { value, .. } | Call::Put { value } => Some((value, revision)),
         Call::Delete { .. } | Call::Get => None,
     }
 }

@@ -1,6 +1,7 @@
 //! The Kubernetes-shaped workload: clients on every node create, read, update and delete objects
 //! the way kube-apiserver does (compare-and-swap transactions on the mod revision, retried from
-//! the value a conflict returns), list the whole prefix, attach some objects to leases and revoke
+//! the value a conflict returns), write plain Puts (which must never fail because others write
+//! the same key), list the whole prefix, attach some objects to leases and revoke
 //! them, and compact behind the watchers. Every operation is recorded with its outcome.
 
 use crate::history::{Acked, History, Listed};
@@ -23,6 +24,19 @@ pub struct Workload {
     pub timeout: Duration,
     /// Size of every value (a Kubernetes object is a few hundred bytes).
     pub value_bytes: usize,
+    /// What the clients do.
+    pub mix: Mix,
+}
+
+/// The share of each operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mix {
+    /// kube-apiserver's: reads, compare-and-swap creates, updates and deletes, plain puts, lists
+    /// of the prefix and leased objects.
+    Kubernetes,
+    /// Single keys only: reads, compare-and-swap writes and plain puts, as an etcd client's
+    /// key-value workload (every operation is one the per-key linearizability check sees).
+    KeyValue,
 }
 
 impl Default for Workload {
@@ -33,6 +47,7 @@ impl Default for Workload {
             clients_per_node: 3,
             timeout: Duration::from_secs(3),
             value_bytes: 200,
+            mix: Mix::Kubernetes,
         }
     }
 }
@@ -86,12 +101,23 @@ impl Worker {
     pub async fn run(mut self, stop: Arc<AtomicBool>) {
         while !stop.load(Ordering::Relaxed) {
             let key = format!("{}k{}", self.spec.prefix, self.rng.below(self.spec.keys as u64));
+            if self.spec.mix == Mix::KeyValue {
+                match self.rng.below(100) {
+                    0..40 => self.get(&key).await,
+                    40..50 => self.write(&key, true).await,
+                    50..75 => self.write(&key, false).await,
+                    75..95 => self.put(&key).await,
+                    _ => self.delete(&key).await,
+                }
+                continue;
+            }
             match self.rng.below(100) {
-                0..30 => self.get(&key).await,
-                30..45 => self.write(&key, true).await,
-                45..75 => self.write(&key, false).await,
-                75..83 => self.delete(&key).await,
-                83..93 => self.list().await,
+                0..25 => self.get(&key).await,
+                25..38 => self.write(&key, true).await,
+                38..63 => self.write(&key, false).await,
+                63..71 => self.put(&key).await,
+                71..78 => self.delete(&key).await,
+                78..90 => self.list().await,
                 _ => self.leased().await,
             }
         }
@@ -144,6 +170,26 @@ impl Worker {
         let call = if create { Call::Create { value } } else { Call::Update { expected, value } };
         let put = TxnOp::put(key, encode(value, self.spec.value_bytes), None);
         self.compare_and(key, expected, put, call).await;
+    }
+
+    /// A plain Put, as `etcdctl put` or a controller that does not compare.
+    async fn put(&mut self, key: &str) {
+        let value = self.next_value(key);
+        let invoked = self.history.now();
+        let mut client = self.client.clone();
+        let call = Call::Put { value };
+        match self.bounded(client.put(key, encode(value, self.spec.value_bytes), None)).await {
+            Ok(resp) => {
+                let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                self.known.insert(key.to_string(), revision);
+                self.history.record(self.node, key, call, Outcome::Written(revision), invoked);
+            }
+            Err(Failed::Refused) => {}
+            Err(Failed::Unknown) => {
+                self.known.remove(key);
+                self.history.record(self.node, key, call, Outcome::Unknown, invoked);
+            }
+        }
     }
 
     async fn delete(&mut self, key: &str) {
@@ -254,6 +300,10 @@ pub fn error_kind(e: &etcd_client::Error) -> String {
         return "connection refused".into();
     }
     match e {
+        // A write given up because others kept writing the same keys: etcd never does that.
+        etcd_client::Error::GRpcStatus(s) if s.message().contains("conflicting") => {
+            format!("{:?} (write conflicts)", s.code())
+        }
         etcd_client::Error::GRpcStatus(s) => format!("{:?}", s.code()),
         etcd_client::Error::TransportError(_) => "transport".into(),
         etcd_client::Error::WatchError(_) => "watch".into(),

@@ -22,6 +22,10 @@ fn delete(expected: i64, outcome: Outcome, t: (u64, u64)) -> Operation {
     op(Call::Delete { expected }, outcome, t.0, t.1)
 }
 
+fn put(value: u64, outcome: Outcome, t: (u64, u64)) -> Operation {
+    op(Call::Put { value }, outcome, t.0, t.1)
+}
+
 fn get(seen: Option<(u64, i64)>, t: (u64, u64)) -> Operation {
     op(Call::Get, Outcome::Read(seen), t.0, t.1)
 }
@@ -112,6 +116,28 @@ fn reads_must_respect_real_time_order_between_themselves() {
     // The write is pending (slow); one read saw it, a later read did not: not linearizable.
     let h = [create(1, Outcome::Unknown, (0, 0)), get(Some((1, 3)), (1, 2)), get(None, (3, 4))];
     assert!(!ok(&h));
+}
+
+#[test]
+fn plain_puts_always_take_effect() {
+    // On an absent key and over another value, without any compare.
+    let h = [put(1, Outcome::Written(3), (0, 1)), put(2, Outcome::Written(5), (2, 3)), get(Some((2, 5)), (4, 5))];
+    assert!(ok(&h));
+    // Two overlapping puts: the later revision is the value that stays.
+    let h = [put(1, Outcome::Written(4), (0, 10)), put(2, Outcome::Written(3), (1, 9)), get(Some((1, 4)), (11, 12))];
+    assert!(ok(&h));
+    // A put without answer may or may not have happened.
+    assert!(ok(&[put(1, Outcome::Unknown, (0, 0)), get(None, (1, 2))]));
+    assert!(ok(&[put(1, Outcome::Unknown, (0, 0)), get(Some((1, 7)), (1, 2))]));
+    // A put is never refused, and a read after it must see it.
+    assert!(!ok(&[put(1, Outcome::Refused(None), (0, 1))]));
+    assert!(!ok(&[
+        create(1, Outcome::Written(3), (0, 1)),
+        put(2, Outcome::Written(4), (2, 3)),
+        get(Some((1, 3)), (4, 5))
+    ]));
+    // Its revision is above the key's current one.
+    assert!(!ok(&[create(1, Outcome::Written(5), (0, 1)), put(2, Outcome::Written(4), (2, 3))]));
 }
 
 #[test]

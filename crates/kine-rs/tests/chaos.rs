@@ -7,6 +7,7 @@
 //! The partition runs need root (network namespaces); they fail, not skip, without it.
 
 mod common;
+use common::leader::place_leader;
 use common::*;
 use kine_chaos::{Fault, Lab, Partition, Report, Schedule, Stall, Workload, run};
 use kine_testkit::mysql::MariaDbServer;
@@ -229,39 +230,6 @@ impl Fault for LeaderThenCut {
     }
     fn heal(&mut self) -> anyhow::Result<()> {
         self.partition.heal()
-    }
-}
-
-/// Moves `stream`'s leader to the server named `leader` (a stepdown with a preferred server)
-/// and waits until it leads.
-async fn place_leader(
-    servers: &[String],
-    credentials: Option<(&str, &str)>,
-    stream: &str,
-    leader: &str,
-) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let addrs = servers.iter().map(|s| s.parse::<async_nats::ServerAddr>()).collect::<Result<Vec<_>, _>>()?;
-    let options = match credentials {
-        Some((user, password)) => async_nats::ConnectOptions::with_user_and_password(user.into(), password.into()),
-        None => async_nats::ConnectOptions::new(),
-    };
-    let client = options.connect(addrs).await.with_context(|| format!("connect to {servers:?}"))?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let info = client.request(format!("$JS.API.STREAM.INFO.{stream}"), "".into()).await.context("STREAM.INFO")?;
-        let info: serde_json::Value = serde_json::from_slice(&info.payload)?;
-        if info["cluster"]["leader"] == leader {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "{stream}'s leader is still {}",
-            info["cluster"]["leader"]
-        );
-        let request = serde_json::json!({ "placement": { "preferred": leader } }).to_string();
-        let _ = client.request(format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"), request.into()).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -229,6 +229,7 @@ where
 pub mod copies;
 pub mod history;
 pub mod http;
+pub mod leader;
 #[allow(unused_imports)]
 pub use http::http_get;
 pub mod s3;
