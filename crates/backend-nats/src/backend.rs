@@ -26,6 +26,7 @@ mod marker;
 mod members;
 mod meta;
 mod promote;
+mod proposed;
 mod replica;
 mod sent;
 mod setup;
@@ -35,6 +36,7 @@ use crate::batch::MessageSeqs;
 use crate::codec;
 use crate::config::NatsConfig;
 use crate::connect::{self, ClientTls};
+use crate::message;
 use crate::write_locks::WriteLocks;
 use anyhow::{Context as _, anyhow};
 use async_nats::jetstream::{self, stream};
@@ -42,8 +44,8 @@ use kine_core::backend::{FEED_CAPACITY, LeaseUpdate, Replication, Role};
 use kine_core::memory::MemTable;
 use kine_core::{Error, LeaseId, Result, Revision, RevisionEvents};
 use layout::Origin;
-pub use local::LocalServer;
 use local::LocalStream;
+pub use local::{LocalHead, LocalServer};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -57,8 +59,10 @@ const NATS_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Purge requests in flight during a compaction.
 const PURGE_CONCURRENCY: usize = 32;
-/// Attempts of a conditional write that keeps losing to other writers.
-const MAX_WRITE_ATTEMPTS: usize = 64;
+/// How long a conditional write that keeps losing to other writers keeps trying. etcd never
+/// fails a Put because others write the same key, only a client's deadline ends it: kine-rs's
+/// `--request-timeout` (7 s) ends it first; this bounds it when that is off.
+const WRITE_PATIENCE: Duration = Duration::from_secs(60);
 /// How long a load of the bucket (at start, after a hole, on promotion) may take.
 const LOAD_LIMIT: Duration = Duration::from_secs(300);
 
@@ -261,7 +265,13 @@ impl NatsBackend {
             stored: opened.stored,
             birth: opened.birth,
             client,
-            rounds: barrier::Rounds::new(js.clone(), stream_name.clone(), local, opened.copy),
+            rounds: barrier::Rounds::new(
+                js.clone(),
+                stream_name.clone(),
+                message::init_subject(&cfg.bucket),
+                local,
+                opened.copy,
+            ),
             js,
             stream_name,
             stream: opened.stream,
@@ -409,33 +419,6 @@ impl Inner {
             Ok(Err(_)) => Err(Error::Unavailable("etcdserver: server stopped".into())),
             Err(_) => Err(unavailable(format!("the replica did not reach revision {seq} within {limit:?}"))),
         }
-    }
-
-    /// Linearizability: wait until the replica holds everything the stream leader holds now.
-    /// Costs one shared request to the leader (see `barrier`), whatever the bucket holds, or
-    /// none when the leader is the server in this process (see `local`). A copy serves as of
-    /// the newest revision its mirror holds completely (a batch the mirror has only part of is
-    /// not waited for).
-    async fn barrier(&self) -> Result<()> {
-        self.check_open()?;
-        let started = Instant::now();
-        let last = match self.rounds.immediate() {
-            Some(last) => last,
-            None => self.rounds.last().await?,
-        };
-        self.target.send_if_modified(|t| {
-            let newer = last > *t;
-            *t = (*t).max(last);
-            newer
-        });
-        let remaining = NATS_TIMEOUT.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
-        let reached = if self.is_copy() { &self.delivered } else { &self.applied };
-        Self::wait_for(reached, last, remaining).await?;
-        let elapsed = started.elapsed();
-        if elapsed >= self.slow {
-            tracing::warn!(elapsed_ms = elapsed.as_millis() as u64, "slow NATS read barrier");
-        }
-        Ok(())
     }
 
     /// Has the replica load the bucket again, and waits until it has.

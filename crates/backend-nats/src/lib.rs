@@ -10,4 +10,4 @@ pub mod message;
 pub mod values_dir;
 mod write_locks;
 
-pub use backend::{LocalServer, NatsBackend, NatsOptions};
+pub use backend::{LocalHead, LocalServer, NatsBackend, NatsOptions};

@@ -38,6 +38,11 @@ pub struct Metrics {
     /// Watches sent back to history because their client read too slowly (kine-rs never
     /// cancels a slow watcher; it catches up from the log instead).
     pub slow_watcher_resyncs: IntCounter,
+    /// NATS: read barriers that waited beyond the stream leader's stored last sequence, by why
+    /// (`leader_applying`: the leader in this process had committed entries it had not applied;
+    /// `proposals`: the leader had accepted writes it had not stored yet). Each is a read that
+    /// would have missed a write another node may already have served.
+    pub barrier_waits: IntCounterVec,
     pub leases_granted: IntCounter,
     pub leases_revoked: IntCounter,
     pub leases_renewed: IntCounter,
@@ -170,6 +175,11 @@ impl Metrics {
             slow_watcher_resyncs: counter(
                 "kine_watch_slow_resyncs_total",
                 "Watch streams that fell behind the live feed and caught up from history.",
+            )?,
+            barrier_waits: counter_vec(
+                "kine_nats_read_barrier_waits_total",
+                "NATS read barriers that waited for writes beyond the stream leader's stored last sequence.",
+                &["reason"],
             )?,
             leases_granted: counter("etcd_debugging_lease_granted_total", "The total number of granted leases.")?,
             leases_revoked: counter("etcd_debugging_lease_revoked_total", "The total number of revoked leases.")?,

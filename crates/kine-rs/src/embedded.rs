@@ -6,10 +6,10 @@
 //! that only this process knows. JetStream is stored in `./db/nats`.
 
 use anyhow::{Result, anyhow, bail};
-use kine_backend_nats::LocalServer;
 use kine_backend_nats::config::{Credentials, NatsConfig};
+use kine_backend_nats::{LocalHead, LocalServer};
 use kine_core::shutdown::Shutdown;
-use kine_nats_embed::{EmbeddedServer, Options, Readiness};
+use kine_nats_embed::{EmbeddedServer, Options, Readiness, StreamHead};
 use std::ffi::CStr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -78,8 +78,12 @@ impl LocalServer for Local {
         self.0.account_of(server_id, client_id)
     }
 
-    fn stream_last_seq(&self, account: &CStr, stream: &CStr) -> Option<(u64, Option<Duration>)> {
-        self.0.stream_last_seq(account, stream)
+    fn stream_head(&self, account: &CStr, stream: &CStr, commit: &mut u64) -> LocalHead {
+        match self.0.stream_last_seq(account, stream, commit) {
+            StreamHead::Elsewhere => LocalHead::Elsewhere,
+            StreamHead::Applying => LocalHead::Applying,
+            StreamHead::Leader { last, contact } => LocalHead::Leader { last, contact },
+        }
     }
 }
 

@@ -324,8 +324,15 @@ func KineNatsAccountOf(serverID *C.char, cid C.ulonglong) *C.char {
 // KineNatsStreamLastSeq returns the last sequence of stream in account as this server holds
 // it, when this server may answer for the stream as its leader would (a server without a
 // cluster holds its streams alone; in a cluster, only the stream's current leader); -1
-// otherwise (not leader, no such stream here, server gone). It is what STREAM.INFO's leader
-// would answer, read in-process.
+// otherwise (not leader, no such stream here, server gone).
+//
+// In a cluster that number must also cover every message another replica may already have
+// stored (and its kine-rs served): a follower stores an entry once it learns that the entry is
+// committed, which can be before the leader's own apply goroutine stores it. So the answer
+// waits for this leader to have applied everything committed when the question began: the
+// first call (*commit == 0) notes the leader's Raft commit index in *commit, and while the
+// leader has applied less than that, the call returns -2 (ask again in a moment, with the same
+// *commit); then the stored last sequence is read, after.
 //
 // A leader cut off from the other replicas keeps believing it leads until its Raft term times
 // out (10 to 20 s) while the others elect another leader and take writes, so *contactMs says
@@ -333,7 +340,7 @@ func KineNatsAccountOf(serverID *C.char, cid C.ulonglong) *C.char {
 // quorum's oldest contact, in milliseconds); -1 when the stream has no other replicas.
 //
 //export KineNatsStreamLastSeq
-func KineNatsStreamLastSeq(account, stream *C.char, contactMs *C.longlong) C.longlong {
+func KineNatsStreamLastSeq(account, stream *C.char, commit *C.ulonglong, contactMs *C.longlong) C.longlong {
 	mu.Lock()
 	s := srv
 	mu.Unlock()
@@ -346,6 +353,21 @@ func KineNatsStreamLastSeq(account, stream *C.char, contactMs *C.longlong) C.lon
 	if clustered && !s.JetStreamIsStreamLeader(acc, name) {
 		return -1
 	}
+	key := acc + "\x00" + name
+	known, cached := groups.Load(key)
+	group := ""
+	if cached {
+		group = known.(string)
+	}
+	if clustered && group != "" {
+		switch applied(s, acc, group, (*uint64)(unsafe.Pointer(commit))) {
+		case applyPending:
+			return -2
+		case applyUnknown:
+			groups.Delete(key)
+			return -1
+		}
+	}
 	detail, err := s.JszAccount(&server.JSzOptions{Account: acc, Streams: true})
 	if err != nil {
 		return -1
@@ -357,12 +379,60 @@ func KineNatsStreamLastSeq(account, stream *C.char, contactMs *C.longlong) C.lon
 		if clustered && (st.Cluster == nil || st.Cluster.Leader != s.Name()) {
 			return -1
 		}
-		if st.Cluster != nil && len(st.Cluster.Replicas) > 0 {
+		replicated := st.Cluster != nil && len(st.Cluster.Replicas) > 0
+		if clustered {
+			// Only a stream with other replicas has followers that may store before the
+			// leader: its Raft group is checked from the next call on (again after a change).
+			want := ""
+			if replicated {
+				if st.Cluster.RaftGroup == "" {
+					return -1
+				}
+				want = st.Cluster.RaftGroup
+			}
+			if !cached || want != group {
+				groups.Store(key, want)
+				if want != "" {
+					return -2
+				}
+			}
+		}
+		if replicated {
 			*contactMs = C.longlong(quorumContact(st.Cluster.Replicas).Milliseconds())
 		}
 		return C.longlong(st.State.LastSeq)
 	}
 	return -1
+}
+
+// groups holds the Raft group of each stream asked about ("account\x00stream" → group name;
+// "" for a stream without other replicas, whose commits need no check).
+var groups sync.Map
+
+const (
+	applyDone = iota
+	applyPending
+	applyUnknown
+)
+
+// applied says whether this server's member of Raft group has applied the entries up to
+// *commit (its commit index, noted in *commit by the first call of a question).
+func applied(s *server.Server, acc, group string, commit *uint64) int {
+	status := s.Raftz(&server.RaftzOptions{AccountFilter: acc, GroupFilter: group})
+	if status == nil {
+		return applyUnknown
+	}
+	g, ok := (*status)[acc][group]
+	if !ok {
+		return applyUnknown
+	}
+	if *commit == 0 {
+		*commit = g.Committed
+	}
+	if g.Applied < *commit {
+		return applyPending
+	}
+	return applyDone
 }
 
 // quorumContact is how long ago the leader last heard from enough of its other replicas to

@@ -20,6 +20,7 @@ static LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libkinenats.so
 type StrFn = unsafe extern "C" fn() -> *mut c_char;
 type StrArgFn = unsafe extern "C" fn(*const c_char) -> *mut c_char;
 type TimeoutFn = unsafe extern "C" fn(c_int) -> *mut c_char;
+type LastSeqFn = unsafe extern "C" fn(*const c_char, *const c_char, *mut u64, *mut i64) -> i64;
 
 pub(crate) struct Shim {
     start: StrArgFn,
@@ -28,7 +29,7 @@ pub(crate) struct Shim {
     next_log: TimeoutFn,
     shutdown: unsafe extern "C" fn(),
     account_of: unsafe extern "C" fn(*const c_char, u64) -> *mut c_char,
-    stream_last_seq: unsafe extern "C" fn(*const c_char, *const c_char, *mut i64) -> i64,
+    stream_last_seq: LastSeqFn,
     free: unsafe extern "C" fn(*mut c_char),
     pub(crate) bolt: crate::bolt::Fns,
 }
@@ -98,10 +99,7 @@ fn load() -> Result<Shim, String> {
             account_of: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char, u64) -> *mut c_char>(
                 symbol(c"KineNatsAccountOf")?,
             ),
-            stream_last_seq: std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(*const c_char, *const c_char, *mut i64) -> i64,
-            >(symbol(c"KineNatsStreamLastSeq")?),
+            stream_last_seq: std::mem::transmute::<*mut c_void, LastSeqFn>(symbol(c"KineNatsStreamLastSeq")?),
             free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_char)>(symbol(c"KineNatsFree")?),
             bolt: crate::bolt::Fns::load(symbol)?,
         })
@@ -190,15 +188,34 @@ pub fn account_of(server_id: &str, cid: u64) -> Option<String> {
 }
 
 /// The last sequence of `stream` in `account` if this server may answer for its leader, and
-/// for a replicated stream how long ago the leader last heard from a quorum of its replicas.
-pub fn stream_last_seq(account: &CStr, stream: &CStr) -> Option<(u64, Option<Duration>)> {
-    let shim = loaded()?;
+/// for a replicated stream how long ago the leader last heard from a quorum of its replicas;
+/// `Applying` while the leader has not applied everything committed when the question began
+/// (`commit`, 0 on the first call of a question, noted by it).
+pub fn stream_last_seq(account: &CStr, stream: &CStr, commit: &mut u64) -> StreamHead {
+    let Some(shim) = loaded() else { return StreamHead::Elsewhere };
     let mut contact_ms: i64 = -1;
-    // SAFETY: both are valid C strings that outlive the call (Go copies them); `contact_ms` is
-    // a valid integer the call writes once.
-    let seq = unsafe { (shim.stream_last_seq)(account.as_ptr(), stream.as_ptr(), &mut contact_ms) };
-    let contact = u64::try_from(contact_ms).ok().map(Duration::from_millis);
-    u64::try_from(seq).ok().map(|s| (s, contact))
+    // SAFETY: both are valid C strings that outlive the call (Go copies them); `commit` and
+    // `contact_ms` are valid integers the call reads and writes during the call only.
+    let seq = unsafe { (shim.stream_last_seq)(account.as_ptr(), stream.as_ptr(), commit, &mut contact_ms) };
+    match seq {
+        -2 => StreamHead::Applying,
+        s if s >= 0 => {
+            StreamHead::Leader { last: s as u64, contact: u64::try_from(contact_ms).ok().map(Duration::from_millis) }
+        }
+        _ => StreamHead::Elsewhere,
+    }
+}
+
+/// What the server in this process says of a stream's head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamHead {
+    /// It does not lead the stream (or holds no such stream, or is gone).
+    Elsewhere,
+    /// It leads, but has not yet applied every entry committed when the question began.
+    Applying,
+    /// It leads: the stream's last sequence, and for a replicated stream the age of the
+    /// leader's quorum contact.
+    Leader { last: u64, contact: Option<Duration> },
 }
 
 /// Stops the server and waits for it; idempotent, and nothing to do if it was never loaded.

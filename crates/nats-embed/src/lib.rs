@@ -6,6 +6,7 @@
 
 pub mod bolt;
 mod ffi;
+pub use ffi::StreamHead;
 
 use serde::{Deserialize, Serialize};
 use std::ffi::CStr;
@@ -192,15 +193,17 @@ impl EmbeddedServer {
 
     /// The last sequence of `stream` in `account`, read in-process, when this server answers
     /// for the stream's leader: a server outside a cluster always (it holds its streams
-    /// alone), in a cluster only while it leads the stream. `None` otherwise: ask the leader
-    /// over NATS. What STREAM.INFO would answer, without the round trip. For a stream with
-    /// other replicas, also how long ago this leader last heard from a quorum of them: a leader
-    /// cut off from them still believes it leads until its Raft term times out.
-    pub fn stream_last_seq(&self, account: &CStr, stream: &CStr) -> Option<(u64, Option<std::time::Duration>)> {
+    /// alone), in a cluster only while it leads the stream and once it has applied every entry
+    /// committed when the question began (`commit`: 0 on a question's first call, which notes
+    /// the commit index there; [`StreamHead::Applying`] until then), since a follower may store
+    /// a committed entry before the leader does. `Elsewhere`: ask the leader over NATS. For a
+    /// stream with other replicas, also how long ago this leader last heard from a quorum of
+    /// them: a leader cut off from them still believes it leads until its Raft term times out.
+    pub fn stream_last_seq(&self, account: &CStr, stream: &CStr, commit: &mut u64) -> StreamHead {
         if self.stopped.load(Ordering::SeqCst) {
-            return None;
+            return StreamHead::Elsewhere;
         }
-        ffi::stream_last_seq(account, stream)
+        ffi::stream_last_seq(account, stream, commit)
     }
 
     /// Stops the server (JetStream flushes its store) and waits for it. Idempotent.

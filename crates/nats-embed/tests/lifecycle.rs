@@ -1,7 +1,7 @@
 //! The safe API around the linked-in nats-server: start, ready, info, idempotent shutdown,
 //! and one server per process. (One test: a process holds one server for its lifetime.)
 
-use kine_nats_embed::{Credentials, Options, Readiness};
+use kine_nats_embed::{Credentials, Options, Readiness, StreamHead};
 use std::io::{BufRead, BufReader, Write};
 use std::time::Duration;
 
@@ -56,7 +56,7 @@ fn start_ready_shutdown_once() {
 
     server.shutdown();
     server.shutdown();
-    assert_eq!(server.stream_last_seq(c"$G", c"T"), None, "the server is gone");
+    assert_eq!(server.stream_last_seq(c"$G", c"T", &mut 0), StreamHead::Elsewhere, "the server is gone");
     assert!(std::net::TcpStream::connect(("127.0.0.1", info.listen_port)).is_err());
     assert!(server.info().is_err());
     drop(server);
@@ -123,14 +123,15 @@ fn stream_state_in_process(server: &kine_nats_embed::EmbeddedServer, port: u16) 
     assert_eq!(server.account_of(&server_id, client_id + 1000), None);
     let created = c.request("$JS.API.STREAM.CREATE.T", r#"{"name":"T","subjects":["t.>"],"storage":"memory"}"#);
     assert!(created.contains("stream_create_response") && !created.contains("\"error\""), "{created}");
-    assert_eq!(server.stream_last_seq(c"$G", c"T"), Some((0, None)), "a stream without other replicas");
+    let leader = |last| StreamHead::Leader { last, contact: None };
+    assert_eq!(server.stream_last_seq(c"$G", c"T", &mut 0), leader(0), "a stream without other replicas");
     for i in 1..=5 {
         let ack = c.request("t.x", "v");
         assert!(ack.contains(&format!("\"seq\":{i}")), "{ack}");
-        assert_eq!(server.stream_last_seq(c"$G", c"T"), Some((i, None)));
+        assert_eq!(server.stream_last_seq(c"$G", c"T", &mut 0), leader(i));
     }
     let info = c.request("$JS.API.STREAM.INFO.T", "");
     assert!(info.contains("\"last_seq\":5"), "{info}");
-    assert_eq!(server.stream_last_seq(c"$G", c"U"), None, "no such stream");
-    assert_eq!(server.stream_last_seq(c"NOBODY", c"T"), None, "no such account");
+    assert_eq!(server.stream_last_seq(c"$G", c"U", &mut 0), StreamHead::Elsewhere, "no such stream");
+    assert_eq!(server.stream_last_seq(c"NOBODY", c"T", &mut 0), StreamHead::Elsewhere, "no such account");
 }

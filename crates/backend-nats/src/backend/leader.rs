@@ -54,7 +54,7 @@ fn quorum_contact(replicas: &[Replica]) -> Option<Duration> {
 pub(super) const ATTEMPT: Duration = Duration::from_secs(1);
 
 /// Retries `f` while the NATS cluster elects a leader, within [`NATS_TIMEOUT`].
-async fn patiently<T, F, Fut>(what: &str, mut f: F) -> Result<T>
+pub(super) async fn patiently<T, F, Fut>(what: &str, mut f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = std::result::Result<T, String>>,

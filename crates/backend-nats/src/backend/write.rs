@@ -2,7 +2,7 @@
 //! conditional on exactly the state they were evaluated on (never a blind publish), evaluated
 //! again when another writer came first.
 
-use super::{Inner, MAX_WRITE_ATTEMPTS, NATS_TIMEOUT, unavailable};
+use super::{Inner, NATS_TIMEOUT, WRITE_PATIENCE, unavailable};
 use crate::message;
 use crate::write_locks;
 use async_nats::jetstream::{self, stream};
@@ -152,6 +152,19 @@ impl Inner {
     }
 }
 
+/// After the `conflicts`-th refusal of a write in a row: the first two are evaluated again at
+/// once (on the replica synchronised by the barrier, which holds the write that came first),
+/// later ones after a random pause of up to 1, 2, 4 … 32 ms, so that writers that keep meeting
+/// on one key stop meeting.
+async fn back_off(conflicts: u32) {
+    if conflicts < 3 {
+        return;
+    }
+    let ceiling_us = 1000u64 << (conflicts - 3).min(5);
+    let pause = Duration::from_micros(kine_core::id::random_u64() % ceiling_us);
+    tokio::time::sleep(pause).await;
+}
+
 /// A published write that JetStream refused, or so an answer said.
 struct Attempt<'a> {
     sent: super::sent::Registered<'a>,
@@ -247,8 +260,10 @@ impl Inner {
         // Every attempt published and refused, with what it answers if it was stored after all
         // (`sent.rs`): until this write is answered, the replica may still apply one of them.
         let mut refused: Vec<Attempt> = Vec::new();
-        for _ in 0..MAX_WRITE_ATTEMPTS {
-            let _guard = match &keys {
+        let patience = tokio::time::Instant::now() + WRITE_PATIENCE;
+        let mut conflicts = 0u32;
+        while conflicts == 0 || tokio::time::Instant::now() < patience {
+            let guard = match &keys {
                 Some(keys) if !exclusive => inner.locks.keys(keys).await,
                 _ => inner.locks.alone().await,
             };
@@ -305,8 +320,17 @@ impl Inner {
                     synced = true;
                     if refused.iter().all(|a| inner.sent.applied_at(&a.sent.id).is_none()) {
                         self.find_emptied_keys(&keys).await?;
+                        if conflicts == 2 {
+                            // Refused three times on a synchronised replica: a subject
+                            // emptied behind kine-rs's back would refuse it forever.
+                            self.live_keys_have_messages(&keys).await?;
+                        }
                     }
                     lost = keys;
+                    conflicts += 1;
+                    // This process's other writes go on meanwhile.
+                    drop(guard);
+                    back_off(conflicts).await;
                     continue;
                 }
             }
@@ -314,19 +338,27 @@ impl Inner {
         if let Some(done) = self.stored_after_all(&mut refused).await {
             return Ok(done);
         }
-        for key in lost {
-            let newest = inner.table().newest(&key);
+        self.live_keys_have_messages(&lost).await?;
+        Err(unavailable(format!("a write kept conflicting with other writers for {WRITE_PATIENCE:?}")))
+    }
+
+    /// Fails, naming the cause, if a key this synchronised replica holds a live version of has
+    /// no message in the stream: its expectation can never hold again (the stream was purged
+    /// behind kine-rs's back), so trying again would only run into the request's timeout.
+    async fn live_keys_have_messages(&self, keys: &[Vec<u8>]) -> Result<()> {
+        for key in keys {
+            let newest = self.table().newest(key);
             if let Some((rev, false)) = newest
-                && !self.subject_exists(&key).await?
+                && !self.subject_exists(key).await?
             {
                 return Err(unavailable(format!(
                     "key {:?} has no message in the NATS stream although this node holds its version at \
                      revision {rev}: the stream was changed outside kine-rs (purged?)",
-                    String::from_utf8_lossy(&key)
+                    String::from_utf8_lossy(key)
                 )));
             }
         }
-        Err(unavailable("a write kept conflicting with other writers"))
+        Ok(())
     }
 
     /// The answer of a write stored at `seq`, evaluated at `base`.
