@@ -1,7 +1,8 @@
 //! Command-line flags, compatible with kine's names; each also reads a `KINE_*` variable.
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use kine_core::duration;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -175,6 +176,72 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+impl Cli {
+    /// The process's arguments; a mistake ends the process with clap's message (status 2).
+    pub fn from_args() -> Cli {
+        Self::try_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// `args` (the program's name first). The flags of the whole program (every flag above: the
+    /// datastore, TLS, S3, logging…) are taken before or after the subcommand, as etcdutl takes
+    /// them (`kine-rs snapshot restore FILE --endpoint sqlite://…` and `kine-rs --endpoint
+    /// sqlite://… snapshot restore FILE` are the same), with the same `KINE_*` variables; one
+    /// given both before and after the subcommand is an error naming it.
+    pub fn try_from<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let mut command = command();
+        let matches = command.try_get_matches_from_mut(args.iter().cloned())?;
+        if let Some(name) = given_before_and_after(&command, &args) {
+            let sub = matches.subcommand_name().unwrap_or("the subcommand");
+            let message = format!("--{name} is given both before and after the subcommand {sub}; give it once\n");
+            return Err(clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, message).with_cmd(&command));
+        }
+        Cli::from_arg_matches(&matches)
+    }
+}
+
+/// The command line as clap reads it: the program's flags global, so that every subcommand
+/// (and theirs) takes them too.
+pub fn command() -> clap::Command {
+    Cli::command().mut_args(|arg| if arg.is_positional() { arg } else { arg.global(true) })
+}
+
+/// The long name of a program flag that `args` gives before the subcommand and again after it,
+/// if any. (clap would take the later silently.) The program has no positional arguments of its
+/// own, so the subcommand is the first word that is neither a flag nor a flag's value.
+fn given_before_and_after(command: &clap::Command, args: &[OsString]) -> Option<String> {
+    let takes_value = |name: &str| {
+        command.get_arguments().find(|a| a.get_long() == Some(name)).map(|a| a.get_action().takes_values())
+    };
+    let long = |word: &str| word.strip_prefix("--").map(|w| w.split('=').next().unwrap_or(w).to_string());
+    let words: Vec<String> = args.iter().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+    let mut before = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let word = &words[i];
+        if word == "--" || !word.starts_with('-') {
+            break;
+        }
+        i += 1;
+        if let Some(name) = long(word).filter(|n| !n.is_empty()) {
+            if takes_value(&name) == Some(true) && !word.contains('=') {
+                i += 1;
+            }
+            before.push(name);
+        }
+    }
+    words
+        .get(i + 1..)?
+        .iter()
+        .take_while(|w| *w != "--")
+        .filter_map(|w| long(w))
+        .find(|name| before.contains(name) && takes_value(name).is_some())
+}
+
 /// Something other than serving.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum Command {
@@ -230,4 +297,122 @@ pub enum SnapshotCommand {
 /// `--auth-token`: etcd's `TYPE[,OPTION=VALUE...]` (key files are read here).
 fn parse_auth_token(s: &str) -> Result<kine_core::auth::jwt::TokenKind, String> {
     kine_core::auth::jwt::TokenKind::parse(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_from(std::iter::once("kine-rs").chain(args.iter().copied()))
+    }
+
+    /// A value for each program flag, other than its default (a flag added without one here fails
+    /// the test below).
+    fn value(long: &str, hs256_key: &std::path::Path) -> Option<String> {
+        if long == "auth-token" {
+            return Some(format!("jwt,sign-method=HS256,priv-key={}", hs256_key.display()));
+        }
+        Some(
+            match long {
+                "listen-address" => "127.0.0.1:12379",
+                "endpoint" => "sqlite://elsewhere.db",
+                "ca-file" | "cert-file" | "key-file" | "server-cert-file" | "server-key-file" | "trusted-ca-file"
+                | "s3-ca-bundle" => "/some/file.pem",
+                "name" => "node-7",
+                "auth-token-ttl" | "bcrypt-cost" | "compact-min-retain" | "compact-batch-size" => "7",
+                "max-request-bytes" | "s3-checkpoint-segments" => "77",
+                "datastore-max-idle-connections" | "datastore-max-open-connections" => "-1",
+                "watch-progress-notify-interval"
+                | "compact-interval"
+                | "compact-timeout"
+                | "request-timeout"
+                | "datastore-connection-max-lifetime"
+                | "datastore-connection-max-idle-time"
+                | "slow-sql-threshold"
+                | "slow-sql-warning-threshold"
+                | "s3-ship-interval"
+                | "s3-checkpoint-interval"
+                | "s3-lock-lease" => "9s",
+                "emulated-etcd-version" => "3.6.5",
+                "metrics-bind-address" => "0",
+                "log-format" => "json",
+                "s3-bucket" | "s3-folder" | "s3-endpoint" | "s3-region" | "s3-access-key" | "s3-secret-key"
+                | "s3-session-token" => "some-text",
+                _ => return None,
+            }
+            .to_string(),
+        )
+    }
+
+    const SUBCOMMANDS: &[&[&str]] = &[
+        &["snapshot", "restore", "etcd.db"],
+        &["inspect", "status"],
+        &["inspect", "--output", "json", "list", "/a", "--revision", "3"],
+        &["inspect", "get", "k"],
+        &["inspect", "history", "k", "--prefix"],
+        &["inspect", "diff", "1", "2"],
+        &["migrate", "--from", "sqlite://a.db", "--to", "sqlite://b.db"],
+        &["s3-restore", "--revision", "5"],
+    ];
+
+    /// Every program flag is taken before and after every subcommand, to the same effect (and
+    /// an effect: the result differs from the defaults).
+    #[test]
+    fn program_flags_go_before_or_after_every_subcommand() {
+        let dir = kine_testkit::TempDir::new("cli");
+        let key = dir.path().join("hs256.key");
+        std::fs::write(&key, b"a secret of 32 bytes or more, for HS256").unwrap();
+        let command = command();
+        let flags: Vec<(String, Option<String>)> = command
+            .get_arguments()
+            .filter(|a| !a.is_positional() && a.is_global_set())
+            .map(|a| {
+                let long = a.get_long().expect("a long name").to_string();
+                let takes = a.get_action().takes_values();
+                let v = takes.then(|| value(&long, &key).unwrap_or_else(|| panic!("no test value for --{long}")));
+                (long, v)
+            })
+            .collect();
+        assert!(flags.len() > 40, "{}", flags.len());
+        for sub in SUBCOMMANDS {
+            let plain = format!("{:?}", parse(sub).unwrap());
+            for (long, v) in &flags {
+                let mut flag = vec![format!("--{long}")];
+                flag.extend(v.clone());
+                let joined: Vec<&str> = flag.iter().map(String::as_str).collect();
+                let before: Vec<&str> = joined.iter().chain(sub.iter()).copied().collect();
+                let after: Vec<&str> = sub.iter().chain(joined.iter()).copied().collect();
+                let before = format!("{:?}", parse(&before).unwrap_or_else(|e| panic!("{before:?}: {e}")));
+                let after = format!("{:?}", parse(&after).unwrap_or_else(|e| panic!("{after:?}: {e}")));
+                assert_eq!(before, after, "--{long} with {sub:?}");
+                assert_ne!(before, plain, "--{long} with {sub:?} changed nothing");
+            }
+        }
+        // `--flag=value` after the subcommand too.
+        let cli = parse(&["snapshot", "restore", "etcd.db", "--endpoint=sqlite://x.db"]).unwrap();
+        assert_eq!(cli.endpoint, "sqlite://x.db");
+    }
+
+    #[test]
+    fn a_flag_before_and_after_the_subcommand_is_an_error_naming_it() {
+        for args in [
+            &["--endpoint", "sqlite://a.db", "snapshot", "restore", "f", "--endpoint", "sqlite://b.db"][..],
+            &["--endpoint=sqlite://a.db", "inspect", "list", "--endpoint=sqlite://a.db"],
+            &["--debug", "inspect", "status", "--debug"],
+            &["--s3-bucket", "b", "s3-restore", "--s3-bucket", "c"],
+            &["--log-format", "json", "migrate", "--from", "sqlite://a", "--to", "sqlite://b", "--log-format", "plain"],
+        ] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{args:?}");
+            let name = args[0].split('=').next().unwrap();
+            assert!(e.to_string().contains(&format!("{name} is given both before and after the subcommand")), "{e}");
+        }
+        // Twice on one side: clap's own error.
+        let e = parse(&["inspect", "status", "--endpoint", "a", "--endpoint", "b"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+        assert!(e.to_string().contains("--endpoint"), "{e}");
+        // A subcommand's value that looks like a flag is not one.
+        parse(&["--endpoint", "sqlite://a.db", "inspect", "get", "--", "--endpoint"]).unwrap();
+    }
 }

@@ -16,7 +16,6 @@ mod restore;
 mod s3;
 mod version;
 
-use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(cli: &cli::Cli) {
@@ -34,7 +33,7 @@ fn init_logging(cli: &cli::Cli) {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::from_args();
     init_logging(&cli);
     if let Some(cli::Command::Snapshot(cli::SnapshotCommand::Restore { file })) = &cli.command {
         return match restore::run(&cli.endpoint, file) {
