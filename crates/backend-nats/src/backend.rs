@@ -19,6 +19,7 @@ mod consumer;
 mod copy;
 mod direct;
 mod fence;
+mod foreign;
 mod layout;
 mod leader;
 mod local;

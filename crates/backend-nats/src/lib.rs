@@ -6,6 +6,7 @@ mod batch;
 pub mod codec;
 pub mod config;
 pub mod connect;
+pub mod gokine;
 pub mod message;
 pub mod values_dir;
 mod write_locks;

@@ -6,6 +6,8 @@
 
 mod auth;
 mod events;
+mod foreign;
+mod gokine_log;
 mod members;
 mod mysql;
 mod pg;
@@ -17,6 +19,8 @@ mod sqlite;
 mod view;
 mod writer;
 
+pub use foreign::check_sqlite;
+pub use gokine_log::{GoKineDb, GoKineLog, GoKineRow, GoKineSummary};
 pub use mysql::dsn::{parse as parse_mysql_dsn, redact as redact_mysql_dsn};
 pub use mysql::{MysqlBackend, MysqlOptions};
 pub use pg::{PoolOptions, PostgresBackend, PostgresOptions, TlsFiles};

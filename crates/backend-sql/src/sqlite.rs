@@ -40,8 +40,11 @@ pub struct SqliteBackend {
 
 impl SqliteBackend {
     /// Opens (or creates) the database. A missing parent directory is created with mode 0700.
+    /// Data kine-rs does not own (Go kine's table, etcd's files, no database at all) is refused
+    /// before anything is created or written (`foreign.rs`).
     pub fn open(options: SqliteOptions) -> anyhow::Result<SqliteBackend> {
         let path = options.path;
+        crate::foreign::check_sqlite(&path)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             create_private_dir(dir)?;
         }
@@ -71,6 +74,7 @@ impl SqliteBackend {
     /// committed state). Writes are refused.
     pub fn open_read_only(path: &Path) -> anyhow::Result<SqliteBackend> {
         std::fs::metadata(path).with_context(|| format!("SQLite database {}", path.display()))?;
+        crate::foreign::check_sqlite(path)?;
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags)
             .with_context(|| format!("open SQLite database {} read-only", path.display()))?;

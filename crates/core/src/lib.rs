@@ -9,6 +9,7 @@ pub mod compactor;
 pub mod duration;
 pub mod election;
 pub mod error;
+pub mod foreign;
 pub mod health;
 pub mod id;
 pub mod lease;

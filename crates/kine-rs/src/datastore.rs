@@ -23,6 +23,47 @@ fn no_datastore_tls(cli: &Cli, kind: &str) -> Result<()> {
     Ok(())
 }
 
+/// A datastore's refusal of data kine-rs does not own (`kine_core::foreign`, found by the
+/// backend before it created or wrote anything), as people read it: the flag and the endpoint
+/// (password hidden), what was found, and what to do instead. Other errors are returned as
+/// they are.
+pub(crate) fn explain_foreign(flag: &str, endpoint: &str, error: anyhow::Error) -> anyhow::Error {
+    use kine_core::foreign::{Foreign, ForeignKind};
+    let Some(foreign) = Foreign::find(&error) else { return error };
+    let url = if endpoint.is_empty() {
+        format!("sqlite://{}", endpoint::DEFAULT_SQLITE_PATH)
+    } else {
+        endpoint::shown(endpoint)
+    };
+    let what = if endpoint.is_empty() { format!("{flag} \"\" ({url})") } else { format!("{flag} {url}") };
+    let todo = match foreign.kind {
+        ForeignKind::GoKine => format!(
+            ". kine-rs does not serve Go kine's data, nor create its own store beside it; convert it into a new \
+             datastore with: kine-rs migrate --from {} --to <a new datastore> (docs/operations.md, \"Moving to \
+             kine-rs\")",
+            shell_word(&url)
+        ),
+        ForeignKind::Etcd => {
+            ". kine-rs does not serve etcd's files; `kine-rs snapshot restore` takes an etcd member's \
+             member/snap/db into a new SQLite database: kine-rs snapshot restore <etcd data dir>/member/snap/db \
+             --endpoint sqlite://<a new file> (README, \"Backups\")"
+                .to_string()
+        }
+        ForeignKind::Other => String::new(),
+    };
+    anyhow::anyhow!("{what}: {}{todo}", foreign.found)
+}
+
+/// `text` as one shell word (in single quotes when it holds anything a shell would read).
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/:._-@,=+%".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
 /// A running embedded NATS server, or nothing (feature off, or another datastore).
 #[cfg(feature = "embedded-nats")]
 pub(crate) type Embedded = Option<crate::embedded::Embedded>;
@@ -118,12 +159,18 @@ pub(crate) async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn 
         let name = cli.endpoint.split("://").next().filter(|s| !s.is_empty()).unwrap_or("sqlite");
         pool_flags_unused(cli, name);
     }
+    let foreign = |e: anyhow::Error| explain_foreign("--endpoint", &cli.endpoint, e);
     Ok(match endpoint::parse(&cli.endpoint).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => {
             no_datastore_tls(cli, "sqlite")?;
             let options = kine_backend_sql::SqliteOptions { path: path.clone() };
-            let backend = kine_backend_sql::SqliteBackend::open(options)
-                .with_context(|| format!("--endpoint: cannot open SQLite database {}", path.display()))?;
+            let backend = kine_backend_sql::SqliteBackend::open(options).map_err(|e| {
+                if kine_core::foreign::Foreign::find(&e).is_some() {
+                    foreign(e)
+                } else {
+                    e.context(format!("--endpoint: cannot open SQLite database {}", path.display()))
+                }
+            })?;
             (Arc::new(backend), None)
         }
         Endpoint::Memory => {
@@ -140,7 +187,8 @@ pub(crate) async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn 
             // Connecting blocks (the synchronous PostgreSQL client runs its own runtime).
             let backend = tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options))
                 .await
-                .context("open PostgreSQL")??;
+                .context("open PostgreSQL")?
+                .map_err(foreign)?;
             (Arc::new(backend), None)
         }
         Endpoint::Mysql { url } => {
@@ -152,7 +200,8 @@ pub(crate) async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn 
             };
             let backend = tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open(options))
                 .await
-                .context("open MySQL")??;
+                .context("open MySQL")?
+                .map_err(foreign)?;
             (Arc::new(backend), None)
         }
         Endpoint::Nats(config) => {
@@ -181,7 +230,10 @@ pub(crate) async fn open_backend(cli: &Cli, stop: &Shutdown) -> Result<(Arc<dyn 
                 Ok(backend) => (Arc::new(backend), embedded),
                 Err(e) => {
                     shutdown_embedded(embedded).await;
-                    return Err(e.context("--endpoint: cannot open the NATS bucket"));
+                    return Err(match kine_core::foreign::Foreign::find(&e) {
+                        Some(_) => foreign(e),
+                        None => e.context("--endpoint: cannot open the NATS bucket"),
+                    });
                 }
             }
         }

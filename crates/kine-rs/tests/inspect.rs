@@ -283,7 +283,10 @@ fn inspect_refuses_what_it_cannot_read_and_creates_nothing() {
 
     std::fs::write(dir.path().join("state.db"), b"not a database").unwrap();
     let err = inspect(&endpoint, &["list"]).unwrap_err();
-    assert!(err.contains("is this an SQLite database?"), "{err}");
+    assert!(
+        err.contains("state.db is not a SQLite database (14 bytes that do not begin with SQLite's header)"),
+        "{err}"
+    );
 
     let err = inspect("memory://", &["status"]).unwrap_err();
     assert!(err.contains("nothing to read"), "{err}");

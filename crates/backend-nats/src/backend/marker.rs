@@ -50,11 +50,8 @@ pub(super) async fn wait_for_marker(
         }
         let status = MirrorStatus::read(js, &stream_name(bucket)).await.ok();
         if status.as_ref().is_some_and(|s| s.messages > 0) {
-            bail!(
-                "bucket {bucket} mirrors {}, which is not a kine-rs bucket (it holds messages but no kine-rs marker; a \
-                 bucket of Go kine or of another program?)",
-                origin.describe()
-            );
+            // Messages but no kine-rs marker: what are they?
+            return Err(super::foreign::refusal(js, bucket, Some(&origin.describe())).await);
         }
         let error = status.and_then(|s| s.error);
         let failing_for = match &error {
@@ -132,10 +129,9 @@ pub(super) async fn own_marker(
                 Err(e) => bail!("initialise bucket {}: {e}", cfg.bucket),
             }
         }
-        Err(_) => bail!(
-            "bucket {} holds data that kine-rs did not write (a bucket of Go kine?); use another bucket (?bucket=NAME)",
-            cfg.bucket
-        ),
+        // Messages but no kine-rs marker: Go kine's bucket, or something else; nothing is
+        // written (the meta bucket is not created either).
+        Err(_) => return Err(super::foreign::refusal(js, &cfg.bucket, None).await),
     }
     // Written just now (by this node or another): read it back for its time. When another
     // node's marker was still being stored, the leader refused this node's with a wrong last

@@ -42,7 +42,8 @@ where
             Ok(Err(e)) => e,
             Err(_) => anyhow!("{what}: timed out after {ATTEMPT_LIMIT:?}"),
         };
-        let last = error.downcast_ref::<Final>().is_some();
+        // Data kine-rs does not own stays what it is.
+        let last = error.downcast_ref::<Final>().is_some() || kine_core::foreign::Foreign::find(&error).is_some();
         if last || !super::transient(&format!("{error:#}")) || started.elapsed() >= PATIENCE {
             return Err(error);
         }

@@ -6,7 +6,7 @@
 //! `POLL` and is woken at once by this node's own commits and by `revisions()`; lease changes
 //! are counted in `meta.lease_epoch`, which the feed polls with the revision.
 
-mod connect;
+pub(crate) mod connect;
 pub(crate) mod dsn;
 mod feed;
 mod pool;
@@ -89,6 +89,7 @@ impl MysqlBackend {
     /// this node's writer and feed. Blocks (run it off the async threads).
     pub fn open(options: MysqlOptions) -> anyhow::Result<MysqlBackend> {
         let (connector, mut conn) = connect::connect(&options, true)?;
+        crate::foreign::check_mysql(&mut conn)?;
         let meta = schema::init(&mut conn)?;
         drop(conn);
         let shared = Arc::new(Shared::new(meta.revision, meta.compact_revision));
@@ -113,6 +114,7 @@ impl MysqlBackend {
     /// or row is created, no writer or feed started; nodes may serve it meanwhile. Blocks.
     pub fn open_read_only(options: MysqlOptions) -> anyhow::Result<MysqlBackend> {
         let (connector, mut conn) = connect::connect(&options, false)?;
+        crate::foreign::check_mysql(&mut conn)?;
         let meta = schema::existing(&mut conn).with_context(|| format!("--endpoint {}", dsn::redact(&options.url)))?;
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(MysqlBackend {

@@ -11,7 +11,7 @@
 
 mod conn;
 mod feed;
-mod open;
+pub(crate) mod open;
 mod pool;
 mod schema;
 mod tls;
@@ -120,6 +120,7 @@ impl PostgresBackend {
 
     fn open_here(options: PostgresOptions) -> anyhow::Result<PostgresBackend> {
         let (connector, mut client) = open::connect(&options, true)?;
+        crate::foreign::check_postgres(&mut client)?;
         let meta = schema::init(&mut client)?;
         drop(client);
         let shared = Arc::new(Shared::new(meta.revision, meta.compact_revision));
@@ -143,6 +144,7 @@ impl PostgresBackend {
     pub fn open_read_only(options: PostgresOptions) -> anyhow::Result<PostgresBackend> {
         std::thread::spawn(move || {
             let (connector, mut client) = open::connect(&options, false)?;
+            crate::foreign::check_postgres(&mut client)?;
             let meta =
                 schema::existing(&mut client).with_context(|| format!("--endpoint {}", open::redact(&options.url)))?;
             let readers = Arc::new(ReadPool::new(connector, options.pool));

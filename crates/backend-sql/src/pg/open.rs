@@ -15,7 +15,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// is missing.
 pub fn connect(options: &PostgresOptions, create: bool) -> anyhow::Result<(Connector, postgres::Client)> {
     let shown = redact(&options.url);
-    let url = options.url.replacen("postgresql://", "postgres://", 1);
+    let url = kine_database(&options.url.replacen("postgresql://", "postgres://", 1));
     let (sslmode, url) = split_sslmode(&url);
     let (statement_cache, url) = conn::split_cache_params(&url).with_context(|| format!("--endpoint {shown}"))?;
     let mut config = postgres::Config::from_str(&url).with_context(|| format!("--endpoint {shown}: invalid URL"))?;
@@ -49,6 +49,26 @@ pub fn connect(options: &PostgresOptions, create: bool) -> anyhow::Result<(Conne
         }
     };
     Ok((connector, client))
+}
+
+/// The database as Go kine names it from the same URL: `kubernetes` when the URL names none,
+/// and the name lower-cased (kine lower-cases it), so that the URL a Go kine was started with
+/// reaches the same database.
+fn kine_database(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let Some(scheme_end) = base.find("://").map(|i| i + 3) else { return url.to_string() };
+    let authority_end = base[scheme_end..].find('/').map_or(base.len(), |i| scheme_end + i);
+    let database = base[authority_end..].trim_start_matches('/');
+    let database = if database.is_empty() { "kubernetes".to_string() } else { database.to_lowercase() };
+    let mut out = format!("{}/{database}", &base[..authority_end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
 }
 
 /// The URL's `sslmode`, and the URL as the client library takes it (which knows only disable,
@@ -131,6 +151,17 @@ fn create_database(connector: &Connector) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::kine_database;
+
+    #[test]
+    fn the_database_is_the_one_go_kine_uses() {
+        assert_eq!(kine_database("postgres://u:p@h:5432"), "postgres://u:p@h:5432/kubernetes");
+        assert_eq!(kine_database("postgres://u:p@h:5432/"), "postgres://u:p@h:5432/kubernetes");
+        assert_eq!(kine_database("postgres://u:p@h/?sslmode=disable"), "postgres://u:p@h/kubernetes?sslmode=disable");
+        assert_eq!(kine_database("postgres://u:p@h/K3s?sslmode=disable"), "postgres://u:p@h/k3s?sslmode=disable");
+        assert_eq!(kine_database("postgres://h1:5432,h2:5432/db"), "postgres://h1:5432,h2:5432/db");
+    }
+
     #[test]
     fn passwords_are_redacted() {
         assert_eq!(super::redact("postgres://kine:secret@db:5432/kine"), "postgres://kine:***@db:5432/kine");

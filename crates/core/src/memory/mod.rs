@@ -35,8 +35,13 @@ impl Default for MemoryBackend {
 
 impl MemoryBackend {
     pub fn new() -> MemoryBackend {
+        Self::with_table(MemTable::default())
+    }
+
+    /// A backend over `table` (e.g. one whose values live in a file: `MemTable::at_with_values_in`).
+    pub fn with_table(table: MemTable) -> MemoryBackend {
         MemoryBackend {
-            table: Mutex::new(Some(MemTable::default())),
+            table: Mutex::new(Some(table)),
             feed: broadcast::channel(FEED_CAPACITY).0,
             auth: Mutex::new(None),
             cluster_id: crate::id::random_nonzero(),

@@ -40,10 +40,15 @@ impl ReadOnly {
 pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<ReadOnly> {
     let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::datastore::pool_options(cli) };
     let tls = crate::datastore::sql_tls(cli);
+    // Data kine-rs does not own (Go kine's, etcd's) is refused as the server refuses it.
+    let failed = |e: anyhow::Error, context: String| match kine_core::foreign::Foreign::find(&e) {
+        Some(_) => crate::datastore::explain_foreign(flag, endpoint, e),
+        None => e.context(context),
+    };
     let backend: Box<dyn Backend> = match endpoint::parse_as(flag, endpoint).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => Box::new(
             kine_backend_sql::SqliteBackend::open_read_only(&path)
-                .with_context(|| format!("{flag}: cannot read it"))?,
+                .map_err(|e| failed(e, format!("{flag}: cannot read it")))?,
         ),
         Endpoint::Postgres { url } => {
             let options = kine_backend_sql::PostgresOptions { url, pool, tls, stop: None };
@@ -51,7 +56,7 @@ pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<Rea
                 tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open_read_only(options))
                     .await
                     .context("open PostgreSQL")?
-                    .with_context(|| flag.to_string())?,
+                    .map_err(|e| failed(e, flag.to_string()))?,
             )
         }
         Endpoint::Mysql { url } => {
@@ -60,13 +65,15 @@ pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<Rea
                 tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open_read_only(options))
                     .await
                     .context("open MySQL")?
-                    .with_context(|| flag.to_string())?,
+                    .map_err(|e| failed(e, flag.to_string()))?,
             )
         }
         Endpoint::Memory => {
             bail!("{flag}: memory:// holds nothing once its server stops; there is nothing to read")
         }
-        Endpoint::Nats(config) => return nats(flag, *config, cli).await,
+        Endpoint::Nats(config) => {
+            return nats(flag, *config, cli).await.map_err(|e| crate::datastore::explain_foreign(flag, endpoint, e));
+        }
     };
     Ok(ReadOnly::new(backend))
 }
@@ -111,7 +118,10 @@ async fn nats(flag: &str, mut config: kine_backend_nats::config::NatsConfig, cli
         Ok(backend) => Ok(ReadOnly { backend: Box::new(backend), embedded }),
         Err(e) => {
             crate::datastore::shutdown_embedded(embedded).await;
-            Err(e.context(format!("{flag}: cannot read the NATS bucket")))
+            Err(match kine_core::foreign::Foreign::find(&e) {
+                Some(_) => e,
+                None => e.context(format!("{flag}: cannot read the NATS bucket")),
+            })
         }
     }
 }

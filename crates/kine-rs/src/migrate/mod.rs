@@ -15,6 +15,7 @@
 
 mod digest;
 mod etcd;
+mod gokine;
 mod progress;
 
 use crate::cli::Cli;
@@ -45,8 +46,13 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
     if from == to {
         bail!("--from and --to name the same datastore");
     }
+    let mut go_kine = None;
     let source = if from.starts_with("http://") || from.starts_with("https://") {
         ReadOnly::new(Box::new(etcd::EtcdSource::connect(from, etcd_tls(from, cli)?).await.context("--from")?))
+    } else if let Some(loaded) = go_kine_source(from, cli).await? {
+        let backend = Box::new(loaded.backend);
+        go_kine = Some((loaded.live, loaded.revision));
+        ReadOnly::new(backend)
     } else {
         crate::inspect::open_read_only("--from", from, cli).await?
     };
@@ -57,13 +63,33 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
             return Err(err);
         }
     };
-    let result = match unserved(&target).await {
+    let mut result = match unserved(&target).await {
         Ok(()) => copy(source.backend(), target.as_ref(), current_only).await,
         Err(err) => Err(err),
     };
+    if let (Ok(()), Some((live, revision))) = (&result, &go_kine) {
+        result = gokine::verify(target.as_ref(), live, *revision).await;
+    }
     target.close().await;
     source.close().await;
     result
+}
+
+/// Go kine's datastore at `from` (its SQL table), read into memory; `None` if `from` holds none.
+async fn go_kine_source(from: &str, cli: &Cli) -> Result<Option<gokine::Loaded>> {
+    let pool = kine_backend_sql::PoolOptions { max_idle: 1, max_open: Some(1), ..crate::datastore::pool_options(cli) };
+    let tls = crate::datastore::sql_tls(cli);
+    let db = match endpoint::parse_as("--from", from).map_err(anyhow::Error::msg)? {
+        Endpoint::Sqlite { path } => kine_backend_sql::GoKineDb::Sqlite(path),
+        Endpoint::Postgres { url } => {
+            kine_backend_sql::GoKineDb::Postgres(kine_backend_sql::PostgresOptions { url, pool, tls, stop: None })
+        }
+        Endpoint::Mysql { url } => {
+            kine_backend_sql::GoKineDb::Mysql(kine_backend_sql::MysqlOptions { url, pool, tls, stop: None })
+        }
+        Endpoint::Memory | Endpoint::Nats(_) => return Ok(None),
+    };
+    gokine::load(db, &endpoint::shown(from)).await
 }
 
 /// TLS to an etcd at an `https://` URL: its CA from `--ca-file`, a client certificate from

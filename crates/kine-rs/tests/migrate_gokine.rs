@@ -1,0 +1,204 @@
+//! Go kine v0.17.5's datastores into kine-rs with `kine-rs migrate --from <the URL Go kine was
+//! started with>`: Go kine writes a Kubernetes-shaped history (creates, updates and deletes as
+//! kube-apiserver makes them, a key on a lease, a compaction); the copy, served by kine-rs,
+//! answers as Go kine answered (every key with its value, create and mod revision and lease,
+//! the same header revision, the same events to a watch from the compact revision), a watch
+//! opened at Go kine's last revision goes on there, and Go kine's database is untouched. A run
+//! while Go kine still writes copies what had settled; a run after it stopped brings the copy
+//! up to date.
+
+mod common;
+#[path = "common/go_kine.rs"]
+mod go_kine;
+use common::*;
+use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
+use go_kine::GoKine;
+use kine_testkit::mysql::MariaDbServer;
+use kine_testkit::postgres::PgServer;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Creates, updates and deletes the way kube-apiserver makes them (compare-and-swap Txns on
+/// the mod revision), plain Puts, a key on a lease and a compaction. Returns the compact
+/// revision Go kine recorded (with `--compact-min-retain 10`: ten below the one asked for).
+async fn write_like_kubernetes(c: &mut etcd_client::Client, from: usize, to: usize, compact: bool) -> i64 {
+    let mut revisions = std::collections::BTreeMap::new();
+    for i in from..to {
+        let key = format!("/registry/configmaps/default/cm-{i:04}");
+        let create = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), format!("v1 of {i}"), None)]);
+        let r = c.txn(create).await.unwrap();
+        assert!(r.succeeded());
+        revisions.insert(i, r.header().unwrap().revision());
+    }
+    for i in (from..to).step_by(3) {
+        let key = format!("/registry/configmaps/default/cm-{i:04}");
+        let update = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revisions[&i])])
+            .and_then([TxnOp::put(key.as_str(), vec![0u8, 1, 2, i as u8], None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let r = c.txn(update).await.unwrap();
+        assert!(r.succeeded());
+        revisions.insert(i, r.header().unwrap().revision());
+    }
+    for i in (from..to).step_by(7) {
+        let key = format!("/registry/configmaps/default/cm-{i:04}");
+        let delete = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revisions[&i])])
+            .and_then([TxnOp::delete(key.as_str(), None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        assert!(c.txn(delete).await.unwrap().succeeded());
+    }
+    let lease = c.lease_grant(3600, None).await.unwrap().id();
+    let event = format!("/registry/events/default/e-{from}");
+    c.put(event.as_str(), "an event", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    let mut compacted = 0;
+    if compact {
+        let at = c.put("/registry/masterleases/x", "1", None).await.unwrap().header().unwrap().revision();
+        c.compact(at, None).await.unwrap();
+        compacted = at - 10;
+    }
+    for i in (from..to).step_by(5) {
+        c.put(format!("/registry/configmaps/default/cm-{i:04}"), format!("after {i}"), None).await.unwrap();
+    }
+    compacted
+}
+
+/// A key as a client sees it, without its version (Go kine reports none).
+type Key = (Vec<u8>, Vec<u8>, i64, i64, i64);
+
+/// What a server answers: the header revision, every key, and every event after `after`
+/// (revision, PUT/DELETE, key, and the value of a put).
+#[derive(Debug, PartialEq)]
+struct Served {
+    revision: i64,
+    keys: Vec<Key>,
+    events: Vec<(i64, String, Vec<u8>, Vec<u8>)>,
+}
+
+async fn served(c: &mut etcd_client::Client, after: i64) -> Served {
+    let all = c.get("/registry/", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    let revision = all.header().unwrap().revision();
+    let keys = all
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.lease()))
+        .collect();
+    let options = WatchOptions::new().with_prefix().with_start_revision(after + 1);
+    let mut stream = c.watch("/registry/", Some(options)).await.unwrap();
+    let mut events = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while events.last().is_none_or(|e: &(i64, String, Vec<u8>, Vec<u8>)| e.0 < revision) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let resp = tokio::time::timeout(left, stream.message()).await.expect("the watch caught up").unwrap();
+        for e in resp.unwrap().events() {
+            let kv = e.kv().unwrap();
+            let (kind, value) = match e.event_type() {
+                EventType::Put => ("PUT", kv.value().to_vec()),
+                EventType::Delete => ("DELETE", Vec::new()),
+            };
+            events.push((kv.mod_revision(), kind.to_string(), kv.key().to_vec(), value));
+        }
+        if revision <= after {
+            break;
+        }
+    }
+    Served { revision, keys, events }
+}
+
+/// `kine-rs migrate --from --to`: (success, stderr).
+fn migrate(from: &str, to: &str) -> (bool, String) {
+    let (ok, _, err) = run(Command::new(server_bin()).args(["migrate", "--from", from, "--to", to]));
+    (ok, err)
+}
+
+/// Go kine on `endpoint` writes; its answers; Go kine stopped; the copy into `to`, served by
+/// kine-rs, answers the same; a watch from Go kine's last revision goes on on kine-rs.
+async fn moves_with_its_revisions(endpoint: &str, to: &str, untouched: impl Fn() -> String) -> i64 {
+    let logs = TempDir::new("gokine-logs");
+    let go = GoKine::start_with(endpoint, logs.path(), &["--compact-min-retain", "10"]).await;
+    let mut c = go.client().await;
+    let compacted = write_like_kubernetes(&mut c, 0, 60, true).await;
+    assert!(compacted > 2);
+    let original = served(&mut c, compacted).await;
+    go.stop().await;
+    let before = untouched();
+    let (ok, err) = migrate(endpoint, to);
+    assert!(ok, "{err}");
+    assert!(err.contains("reading Go kine's table") && err.contains("copied and verified"), "{err}");
+    assert!(err.contains("--to serves every key Go kine serves"), "{err}");
+    assert_eq!(untouched(), before, "Go kine's database changed");
+    let server = Server::start(&["--endpoint", to]);
+    let mut c = server.client().await;
+    assert_eq!(served(&mut c, compacted).await, original);
+    let below =
+        c.get("/registry/masterleases/x", Some(etcd_client::GetOptions::new().with_revision(compacted - 1))).await;
+    assert!(below.is_err_and(|e| e.to_string().contains("compacted")), "Go kine's compact revision");
+    // A client that held Go kine's last revision watches on from it.
+    let options = WatchOptions::new().with_prefix().with_start_revision(original.revision + 1);
+    let mut watch = c.watch("/registry/", Some(options)).await.unwrap();
+    let next = c.put("/registry/after", "the switch", None).await.unwrap().header().unwrap().revision();
+    assert_eq!(next, original.revision + 1);
+    loop {
+        let got = tokio::time::timeout(Duration::from_secs(10), watch.message()).await.unwrap().unwrap().unwrap();
+        assert!(!got.canceled(), "the watch from Go kine's last revision was cancelled: {}", got.cancel_reason());
+        if let Some(e) = got.events().first() {
+            assert_eq!(e.kv().unwrap().mod_revision(), next);
+            break;
+        }
+    }
+    compacted
+}
+
+/// k3s's case: Go kine's SQLite file, with the URL parameters k3s gives it; a first copy while
+/// Go kine still writes, a second after it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_kine_sqlite_database_moves_with_its_revisions() {
+    let dir = TempDir::new("gokine-sqlite");
+    let path = dir.path().join("state.db");
+    let endpoint =
+        format!("sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000&_txlock=immediate", path.display());
+    let to = format!("sqlite://{}", dir.path().join("kine-rs.db").display());
+    let untouched = || {
+        let wal = path.with_extension("db-wal");
+        format!("{:?} {:?}", std::fs::read(&path).ok().map(|b| b.len()), std::fs::read(&wal).ok())
+    };
+    let compacted = moves_with_its_revisions(&endpoint, &to, untouched).await;
+
+    // Live: a copy while Go kine writes, then the rest once it stopped.
+    let live = format!("sqlite://{}", dir.path().join("live.db").display());
+    let go = GoKine::start_with(&endpoint, dir.path(), &["--compact-min-retain", "10"]).await;
+    let mut c = go.client().await;
+    let writer = {
+        let mut c = c.clone();
+        tokio::spawn(async move { write_like_kubernetes(&mut c, 100, 160, false).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (ok, err) = migrate(&endpoint, &live);
+    assert!(ok, "{err}");
+    writer.await.unwrap();
+    let last = served(&mut c, compacted).await;
+    go.stop().await;
+    let (ok, err) = migrate(&endpoint, &live);
+    assert!(ok && err.contains("continuing"), "{err}");
+    let server = Server::start(&["--endpoint", &live]);
+    assert_eq!(served(&mut server.client().await, compacted).await, last);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_kine_postgres_database_moves_with_its_revisions() {
+    let pg = PgServer::start();
+    let dir = TempDir::new("gokine-pg");
+    let to = format!("sqlite://{}", dir.path().join("kine-rs.db").display());
+    let untouched = || pg.sql("gokine", "SELECT COUNT(*), MAX(id), SUM(LENGTH(value)) FROM kine");
+    moves_with_its_revisions(&pg.url("gokine"), &to, untouched).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_kine_mariadb_database_moves_with_its_revisions() {
+    let maria = MariaDbServer::start();
+    let pg = PgServer::start();
+    let untouched = || maria.root_sql("SELECT COUNT(*), MAX(id), SUM(LENGTH(value)) FROM gokine.kine");
+    moves_with_its_revisions(&maria.url("gokine"), &pg.url("kiners"), untouched).await;
+}
