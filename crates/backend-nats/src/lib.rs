@@ -7,6 +7,7 @@ pub mod codec;
 pub mod config;
 pub mod connect;
 pub mod gokine;
+pub mod gokine_bucket;
 pub mod message;
 pub mod values_dir;
 mod write_locks;

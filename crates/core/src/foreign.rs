@@ -29,11 +29,30 @@ impl Foreign {
         Foreign { kind, found: found.into() }
     }
 
-    /// The `Foreign` in an error's chain, if any.
+    /// The `Foreign` in an error's chain (itself, or worded as [`Explained`]), if any.
     pub fn find(error: &anyhow::Error) -> Option<&Foreign> {
-        error.chain().find_map(|c| c.downcast_ref::<Foreign>())
+        error
+            .chain()
+            .find_map(|c| c.downcast_ref::<Foreign>().or_else(|| c.downcast_ref::<Explained>().map(|e| &e.foreign)))
     }
 }
+
+/// A [`Foreign`] worded for people (the flag, the URL, what to run instead): shown as `text`
+/// alone, and still found by [`Foreign::find`] (a caller may act on it, as `migrate` converts
+/// a bucket refused as Go kine's).
+#[derive(Debug)]
+pub struct Explained {
+    pub text: String,
+    pub foreign: Foreign,
+}
+
+impl std::fmt::Display for Explained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for Explained {}
 
 impl std::fmt::Display for Foreign {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,5 +96,12 @@ mod tests {
         let e = anyhow::Error::new(Foreign::new(ForeignKind::GoKine, "Go kine's")).context("open");
         assert_eq!(Foreign::find(&e).map(|f| f.kind), Some(ForeignKind::GoKine));
         assert!(Foreign::find(&anyhow::anyhow!("other")).is_none());
+        let worded = Explained {
+            text: "--endpoint x: Go kine's. Run y".into(),
+            foreign: Foreign::new(ForeignKind::GoKine, "Go kine's"),
+        };
+        let e = anyhow::Error::new(worded);
+        assert_eq!(format!("{e:#}"), "--endpoint x: Go kine's. Run y", "shown once");
+        assert_eq!(Foreign::find(&e).map(|f| f.kind), Some(ForeignKind::GoKine));
     }
 }

@@ -51,7 +51,8 @@ pub(crate) fn explain_foreign(flag: &str, endpoint: &str, error: anyhow::Error) 
         }
         ForeignKind::Other => String::new(),
     };
-    anyhow::anyhow!("{what}: {}{todo}", foreign.found)
+    let text = format!("{what}: {}{todo}", foreign.found);
+    anyhow::Error::new(kine_core::foreign::Explained { text, foreign: foreign.clone() })
 }
 
 /// `text` as one shell word (in single quotes when it holds anything a shell would read).

@@ -18,10 +18,23 @@ use kine_testkit::postgres::PgServer;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// How Go kine compacts: its SQL log keeps `--compact-min-retain` (10 here) revisions below the
+/// one asked for; on NATS it records the one asked for.
+#[derive(Clone, Copy, PartialEq)]
+enum Compaction {
+    Sql,
+    Nats,
+}
+
 /// Creates, updates and deletes the way kube-apiserver makes them (compare-and-swap Txns on
-/// the mod revision), plain Puts, a key on a lease and a compaction. Returns the compact
-/// revision Go kine recorded (with `--compact-min-retain 10`: ten below the one asked for).
-async fn write_like_kubernetes(c: &mut etcd_client::Client, from: usize, to: usize, compact: bool) -> i64 {
+/// the mod revision), plain Puts, a key on a lease and, with `compact`, a compaction. Returns
+/// the compact revision Go kine recorded.
+async fn write_like_kubernetes(
+    c: &mut etcd_client::Client,
+    from: usize,
+    to: usize,
+    compact: Option<Compaction>,
+) -> i64 {
     let mut revisions = std::collections::BTreeMap::new();
     for i in from..to {
         let key = format!("/registry/configmaps/default/cm-{i:04}");
@@ -54,13 +67,22 @@ async fn write_like_kubernetes(c: &mut etcd_client::Client, from: usize, to: usi
     let event = format!("/registry/events/default/e-{from}");
     c.put(event.as_str(), "an event", Some(PutOptions::new().with_lease(lease))).await.unwrap();
     let mut compacted = 0;
-    if compact {
+    if let Some(how) = compact {
         let at = c.put("/registry/masterleases/x", "1", None).await.unwrap().header().unwrap().revision();
         c.compact(at, None).await.unwrap();
-        compacted = at - 10;
+        compacted = if how == Compaction::Sql { at - 10 } else { at };
     }
+    // After the compaction, updates as kube-apiserver makes them (Go kine on NATS refuses a
+    // plain Put of a key last written below its compact revision).
     for i in (from..to).step_by(5) {
-        c.put(format!("/registry/configmaps/default/cm-{i:04}"), format!("after {i}"), None).await.unwrap();
+        let key = format!("/registry/configmaps/default/cm-{i:04}");
+        let current = c.get(key.as_str(), None).await.unwrap();
+        let rev = current.kvs().first().map_or(0, |kv| kv.mod_revision());
+        let update = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::put(key.as_str(), format!("after {i}"), None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        assert!(c.txn(update).await.unwrap().succeeded());
     }
     compacted
 }
@@ -115,18 +137,18 @@ fn migrate(from: &str, to: &str) -> (bool, String) {
 
 /// Go kine on `endpoint` writes; its answers; Go kine stopped; the copy into `to`, served by
 /// kine-rs, answers the same; a watch from Go kine's last revision goes on on kine-rs.
-async fn moves_with_its_revisions(endpoint: &str, to: &str, untouched: impl Fn() -> String) -> i64 {
+async fn moves_with_its_revisions(endpoint: &str, to: &str, how: Compaction, untouched: impl Fn() -> String) -> i64 {
     let logs = TempDir::new("gokine-logs");
     let go = GoKine::start_with(endpoint, logs.path(), &["--compact-min-retain", "10"]).await;
     let mut c = go.client().await;
-    let compacted = write_like_kubernetes(&mut c, 0, 60, true).await;
+    let compacted = write_like_kubernetes(&mut c, 0, 60, Some(how)).await;
     assert!(compacted > 2);
     let original = served(&mut c, compacted).await;
     go.stop().await;
     let before = untouched();
     let (ok, err) = migrate(endpoint, to);
     assert!(ok, "{err}");
-    assert!(err.contains("reading Go kine's table") && err.contains("copied and verified"), "{err}");
+    assert!(err.contains("reading Go kine's") && err.contains("copied and verified"), "{err}");
     assert!(err.contains("--to serves every key Go kine serves"), "{err}");
     assert_eq!(untouched(), before, "Go kine's database changed");
     let server = Server::start(&["--endpoint", to]);
@@ -164,7 +186,7 @@ async fn a_go_kine_sqlite_database_moves_with_its_revisions() {
         let wal = path.with_extension("db-wal");
         format!("{:?} {:?}", std::fs::read(&path).ok().map(|b| b.len()), std::fs::read(&wal).ok())
     };
-    let compacted = moves_with_its_revisions(&endpoint, &to, untouched).await;
+    let compacted = moves_with_its_revisions(&endpoint, &to, Compaction::Sql, untouched).await;
 
     // Live: a copy while Go kine writes, then the rest once it stopped.
     let live = format!("sqlite://{}", dir.path().join("live.db").display());
@@ -172,7 +194,7 @@ async fn a_go_kine_sqlite_database_moves_with_its_revisions() {
     let mut c = go.client().await;
     let writer = {
         let mut c = c.clone();
-        tokio::spawn(async move { write_like_kubernetes(&mut c, 100, 160, false).await })
+        tokio::spawn(async move { write_like_kubernetes(&mut c, 100, 160, None).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (ok, err) = migrate(&endpoint, &live);
@@ -192,7 +214,7 @@ async fn a_go_kine_postgres_database_moves_with_its_revisions() {
     let dir = TempDir::new("gokine-pg");
     let to = format!("sqlite://{}", dir.path().join("kine-rs.db").display());
     let untouched = || pg.sql("gokine", "SELECT COUNT(*), MAX(id), SUM(LENGTH(value)) FROM kine");
-    moves_with_its_revisions(&pg.url("gokine"), &to, untouched).await;
+    moves_with_its_revisions(&pg.url("gokine"), &to, Compaction::Sql, untouched).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,5 +222,45 @@ async fn a_go_kine_mariadb_database_moves_with_its_revisions() {
     let maria = MariaDbServer::start();
     let pg = PgServer::start();
     let untouched = || maria.root_sql("SELECT COUNT(*), MAX(id), SUM(LENGTH(value)) FROM gokine.kine");
-    moves_with_its_revisions(&maria.url("gokine"), &pg.url("kiners"), untouched).await;
+    moves_with_its_revisions(&maria.url("gokine"), &pg.url("kiners"), Compaction::Sql, untouched).await;
+}
+
+/// Go kine on a nats-server (its bucket: revisions are stream sequences, a delete costs two) and
+/// on its own embedded server (`nats://HOST:PORT?dataDir=…`: the same URL, read once Go kine
+/// stopped through an embedded server kine-rs starts on that store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_kine_nats_bucket_moves_with_its_revisions() {
+    let nats = kine_testkit::nats::NatsServer::start();
+    let dir = TempDir::new("gokine-nats");
+    let external = format!("{}?noEmbed&bucket=gokine", nats.url());
+    let to = format!("sqlite://{}", dir.path().join("from-external.db").display());
+    // The stream's state, read over NATS: unchanged by the copy.
+    let stream_state = || {
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::block_in_place(|| {
+            rt.block_on(async {
+                let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+                let mut stream = js.get_stream("KV_gokine").await.unwrap();
+                let state = stream.info().await.unwrap().state.clone();
+                format!("{} {} {}", state.messages, state.last_sequence, state.bytes)
+            })
+        })
+    };
+    moves_with_its_revisions(&external, &to, Compaction::Nats, stream_state).await;
+
+    let port = kine_testkit::nats::free_port();
+    let embedded = format!("nats://127.0.0.1:{port}?dataDir={}", dir.path().join("go-kine-nats").display());
+    let to = format!("sqlite://{}", dir.path().join("from-embedded.db").display());
+    let store = dir.path().join("go-kine-nats");
+    // Reading a store takes a nats-server on it (kine-rs's embedded one, which keeps its lock
+    // file `kine-rs.lock` there): the store's other entries stay as Go kine left them.
+    let untouched = || {
+        let mut names: Vec<String> = std::fs::read_dir(&store)
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.retain(|n| n != "kine-rs.lock");
+        names.sort();
+        names.join(",")
+    };
+    moves_with_its_revisions(&embedded, &to, Compaction::Nats, untouched).await;
 }

@@ -8,7 +8,7 @@
 mod open;
 mod print;
 
-pub use open::{ReadOnly, open_read_only};
+pub use open::{NatsSource, ReadOnly, nats_source, open_read_only};
 pub use print::Output;
 
 use crate::cli::Cli;

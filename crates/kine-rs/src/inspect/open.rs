@@ -78,7 +78,16 @@ pub async fn open_read_only(flag: &str, endpoint: &str, cli: &Cli) -> Result<Rea
     Ok(ReadOnly::new(backend))
 }
 
-async fn nats(flag: &str, mut config: kine_backend_nats::config::NatsConfig, cli: &Cli) -> Result<ReadOnly> {
+/// The NATS server to read `config`'s bucket through, for a read that writes nothing: the
+/// servers the URL names, or, without `noEmbed`, an embedded server started on the store of a
+/// stopped node (on loopback, on a random port, with a token only this process knows); the
+/// config to connect with, and the TLS flags. Errors name `flag`.
+pub async fn reach_nats(
+    flag: &str,
+    mut config: kine_backend_nats::config::NatsConfig,
+    cli: &Cli,
+) -> Result<(crate::datastore::Embedded, kine_backend_nats::config::NatsConfig, kine_backend_nats::connect::ClientTls)>
+{
     if cli.skip_verify {
         bail!("--skip-verify is not supported with nats:// (give the server's CA with --ca-file)");
     }
@@ -96,7 +105,6 @@ async fn nats(flag: &str, mut config: kine_backend_nats::config::NatsConfig, cli
         if !dir.join("jetstream").is_dir() {
             bail!("{flag}: no NATS store in {} (dataDir): nothing to read", dir.display());
         }
-        // Its own server: on loopback, on a random port, with a token only this process knows.
         config.servers.clear();
         config.credentials = kine_backend_nats::config::Credentials::None;
     }
@@ -111,17 +119,56 @@ async fn nats(flag: &str, mut config: kine_backend_nats::config::NatsConfig, cli
     let (embedded, config) = crate::datastore::start_embedded(config, max_request_bytes, &stop)
         .await
         .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replacen("--endpoint: ", &format!("{flag}: "), 1)))?;
+    Ok((embedded, config, tls))
+}
+
+async fn nats(flag: &str, config: kine_backend_nats::config::NatsConfig, cli: &Cli) -> Result<ReadOnly> {
+    match nats_source(flag, config, cli).await? {
+        NatsSource::KineRs(source) => Ok(source),
+        NatsSource::GoKine { embedded, refusal, .. } => {
+            crate::datastore::shutdown_embedded(embedded).await;
+            Err(refusal)
+        }
+    }
+}
+
+/// A NATS bucket opened for reading: kine-rs's, or Go kine's (which kine-rs's backend refused,
+/// `refusal`), with the server reached to read it (`kine-rs migrate` converts it).
+pub enum NatsSource {
+    KineRs(ReadOnly),
+    GoKine {
+        embedded: crate::datastore::Embedded,
+        config: Box<kine_backend_nats::config::NatsConfig>,
+        tls: kine_backend_nats::connect::ClientTls,
+        refusal: anyhow::Error,
+    },
+}
+
+/// The bucket `config` names, through its servers or an embedded server on a stopped node's
+/// store (`reach_nats`).
+pub async fn nats_source(flag: &str, config: kine_backend_nats::config::NatsConfig, cli: &Cli) -> Result<NatsSource> {
+    let (embedded, config, tls) = reach_nats(flag, config, cli).await?;
+    let max_request_bytes = cli.max_request_bytes as usize;
     let local = crate::datastore::local_server(&embedded);
     let values_dir = Some(kine_backend_nats::values_dir::values_dir());
-    let options = kine_backend_nats::NatsOptions { config, tls, max_request_bytes, local, read_only: true, values_dir };
+    let options = kine_backend_nats::NatsOptions {
+        config: config.clone(),
+        tls: tls.clone(),
+        max_request_bytes,
+        local,
+        read_only: true,
+        values_dir,
+    };
     match kine_backend_nats::NatsBackend::open(options).await {
-        Ok(backend) => Ok(ReadOnly { backend: Box::new(backend), embedded }),
-        Err(e) => {
-            crate::datastore::shutdown_embedded(embedded).await;
-            Err(match kine_core::foreign::Foreign::find(&e) {
-                Some(_) => e,
-                None => e.context(format!("{flag}: cannot read the NATS bucket")),
-            })
-        }
+        Ok(backend) => Ok(NatsSource::KineRs(ReadOnly { backend: Box::new(backend), embedded })),
+        Err(e) => match kine_core::foreign::Foreign::find(&e).map(|f| f.kind) {
+            Some(kine_core::foreign::ForeignKind::GoKine) => {
+                Ok(NatsSource::GoKine { embedded, config: Box::new(config), tls, refusal: e })
+            }
+            found => {
+                crate::datastore::shutdown_embedded(embedded).await;
+                Err(if found.is_some() { e } else { e.context(format!("{flag}: cannot read the NATS bucket")) })
+            }
+        },
     }
 }

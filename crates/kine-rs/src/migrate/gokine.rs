@@ -85,55 +85,90 @@ fn read(log: &mut GoKineLog, shown: &str) -> Result<Loaded> {
         bail!("--from {shown}: Go kine's compact revision {compacted} is past its newest revision {until}");
     }
     tracing::info!(revision = until, compact_revision = compacted, rows = now.rows, "reading Go kine's table");
-    let dir = kine_backend_nats::values_dir::values_dir();
-    let backend = MemoryBackend::with_table(MemTable::at_with_values_in(1, &dir));
-    let mut state = State::default();
-    // The keys at the compact revision: what compaction left at or below it, each key's newest.
-    let mut at_compaction: BTreeMap<Vec<u8>, GoKineRow> = BTreeMap::new();
+    let mut build = Builder::new(compacted);
+    // The keys at the compact revision: what compaction left at or below it.
     let mut after = 0;
     while after < compacted {
         let rows = log.rows(after, compacted, PAGE)?;
         let Some(last) = rows.last() else { break };
         after = last.id;
-        for row in rows {
-            if !bookkeeping(&row) {
-                at_compaction.insert(row.name.clone(), row);
-            }
-        }
+        rows.into_iter().for_each(|row| build.at_compaction(row));
     }
-    let mut versions = Vec::new();
-    for row in at_compaction.into_values().filter(|r| !r.deleted) {
-        if let Some(v) = state.version(&row) {
-            versions.push(v);
-        }
-    }
-    let base = compacted.max(1);
-    for chunk in versions.chunks(PAGE) {
-        import(&backend, chunk.to_vec(), base)?;
-    }
-    if compacted >= 2 {
-        futures_block(backend.compact(compacted)).map_err(e)?;
-    }
-    // Every row after it, each its own revision (with the previous value, for the change log
-    // `migrate` reads the history from).
-    let mut after = base;
+    // Every row after it.
+    let mut after = compacted.max(1);
     while after < until {
         let rows = log.rows(after, until, PAGE)?;
         after = rows.last().map_or(until, |r| r.id);
-        for v in rows.iter().filter_map(|r| state.version(r)) {
-            backend.apply_committed(v.revision, vec![v.event]).map_err(e)?;
+        for row in &rows {
+            build.after(row)?;
         }
     }
-    // Bookkeeping rows last: their revisions carry no change.
-    import(&backend, vec![], until.max(1))?;
     log.end()?;
-    let leases: Vec<(LeaseId, i64)> = state.leases();
-    if !leases.is_empty() {
-        let import = Import { versions: vec![], revision: until.max(1), add_leases: leases, remove_leases: vec![] };
-        futures_block(backend.write(WriteOp::Import(import))).map_err(e)?;
+    build.finish(until)
+}
+
+/// Go kine's rows turned into a kine-rs history in memory: first the rows at or below Go kine's
+/// compact revision (each key's newest of them is its version there), then every row after it
+/// in revision order.
+pub struct Builder {
+    backend: MemoryBackend,
+    state: State,
+    compacted: Revision,
+    at_compaction: Option<BTreeMap<Vec<u8>, GoKineRow>>,
+}
+
+impl Builder {
+    pub fn new(compacted: Revision) -> Builder {
+        let dir = kine_backend_nats::values_dir::values_dir();
+        // Revision 0: a bucket's first message is a change at revision 1.
+        let backend = MemoryBackend::with_table(MemTable::at_with_values_in(0, &dir));
+        Builder { backend, state: State::default(), compacted, at_compaction: Some(BTreeMap::new()) }
     }
-    let live = state.keys.into_iter().filter_map(|(k, s)| s.live.map(|(rev, value)| (k, (rev, value)))).collect();
-    Ok(Loaded { backend, live, revision: until.max(1) })
+
+    /// A row at or below the compact revision, in id order.
+    pub fn at_compaction(&mut self, row: GoKineRow) {
+        if let Some(keys) = self.at_compaction.as_mut()
+            && !bookkeeping(&row)
+        {
+            keys.insert(row.name.clone(), row);
+        }
+    }
+
+    /// The keys at the compact revision, once: each key's newest row there, if not a deletion.
+    fn start_history(&mut self) -> Result<()> {
+        let Some(keys) = self.at_compaction.take() else { return Ok(()) };
+        let versions: Vec<ImportedVersion> =
+            keys.into_values().filter(|r| !r.deleted).filter_map(|r| self.state.version(&r)).collect();
+        let base = self.compacted.max(1);
+        for chunk in versions.chunks(PAGE) {
+            import(&self.backend, chunk.to_vec(), base)?;
+        }
+        if self.compacted >= 2 {
+            futures_block(self.backend.compact(self.compacted)).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    /// A row after the compact revision, in id order: its own revision (with the previous
+    /// value, for the change log `migrate` reads the history from).
+    pub fn after(&mut self, row: &GoKineRow) -> Result<()> {
+        self.start_history()?;
+        if let Some(v) = self.state.version(row) {
+            self.backend.apply_committed(v.revision, vec![v.event]).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    /// The history up to `until` (revisions after the last change carry none), the leases.
+    pub fn finish(mut self, until: Revision) -> Result<Loaded> {
+        self.start_history()?;
+        let revision = until.max(self.compacted).max(1);
+        let leases: Vec<(LeaseId, i64)> = self.state.leases();
+        let import = Import { versions: vec![], revision, add_leases: leases, remove_leases: vec![] };
+        futures_block(self.backend.write(WriteOp::Import(import))).map_err(e)?;
+        let live = self.state.keys.into_iter().filter_map(|(k, s)| s.live.map(|l| (k, l))).collect();
+        Ok(Loaded { backend: self.backend, live, revision })
+    }
 }
 
 /// The copy serves what Go kine served at `revision`: every live key with its mod revision and

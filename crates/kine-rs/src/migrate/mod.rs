@@ -16,11 +16,12 @@
 mod digest;
 mod etcd;
 mod gokine;
+mod gokine_nats;
 mod progress;
 
 use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
-use crate::inspect::ReadOnly;
+use crate::inspect::{NatsSource, ReadOnly};
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
 use kine_core::members::{Identity, Members};
@@ -53,6 +54,19 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
         let backend = Box::new(loaded.backend);
         go_kine = Some((loaded.live, loaded.revision));
         ReadOnly::new(backend)
+    } else if let Endpoint::Nats(config) = endpoint::parse_as("--from", from).map_err(anyhow::Error::msg)? {
+        match crate::inspect::nats_source("--from", *config, cli).await {
+            Ok(NatsSource::KineRs(source)) => source,
+            // A bucket of Go kine's records (kine-rs's NATS backend refused it as Go kine's).
+            Ok(NatsSource::GoKine { embedded, config, tls, .. }) => {
+                let loaded = gokine_nats::load(*config, tls).await;
+                crate::datastore::shutdown_embedded(embedded).await;
+                let loaded = loaded.context("--from: read Go kine's bucket")?;
+                go_kine = Some((loaded.live, loaded.revision));
+                ReadOnly::new(Box::new(loaded.backend))
+            }
+            Err(err) => return Err(crate::datastore::explain_foreign("--from", from, err)),
+        }
     } else {
         crate::inspect::open_read_only("--from", from, cli).await?
     };
@@ -243,6 +257,11 @@ async fn copy(source: &dyn Backend, target: &dyn Backend, current_only: bool) ->
             }
             tracing::info!(revision = t.current, "--to holds a copy of --from up to this revision; continuing");
         }
+    }
+    if keys_from.is_none() && fresh && base < 2 && count(source, 1).await? > 0 {
+        // Changes at revision 1 (a Go kine bucket's first message): a fresh target is at
+        // revision 1 already, so they go in as the keys at that revision.
+        copy_keys(source, target, 1, vec![0], 0).await?;
     }
     if let Some((start, position)) = keys_from {
         copy_keys(source, target, base, start, position).await?;
