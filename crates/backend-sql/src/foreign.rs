@@ -291,8 +291,10 @@ fn etcd_data_dir(path: &Path) -> Option<PathBuf> {
 /// PostgreSQL, before kine-rs's schema is created (the database's default schema, where kine-rs
 /// and Go kine create their tables).
 pub(crate) fn check_postgres(client: &mut postgres::Client) -> Result<()> {
+    // Unnamed statements (`Sql`): a pooler that cannot hold prepared ones may sit in front.
+    use crate::pg::conn::Sql;
     let rows = client
-        .query(
+        .query_rows(
             "SELECT current_database()::TEXT, table_name::TEXT FROM information_schema.tables \
              WHERE table_schema = current_schema() AND table_name IN ('kine', 'key_value', 'meta', 'kv')",
             &[],
@@ -309,7 +311,7 @@ pub(crate) fn check_postgres(client: &mut postgres::Client) -> Result<()> {
             (GO_KINE_TABLE, false) => "SELECT 0::BIGINT, COALESCE(MAX(id), 0)::BIGINT FROM kine",
             _ => "SELECT COUNT(*)::BIGINT, 0::BIGINT FROM key_value",
         };
-        let row = client.query_one(sql, &[])?;
+        let row = client.query_row(sql, &[])?;
         Ok((row.get(0), row.get(1)))
     })
 }

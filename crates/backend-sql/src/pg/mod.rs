@@ -9,7 +9,7 @@
 //! - `revisions()` reads the database's revision and waits until the feed has published it,
 //!   so a watch started after an acknowledged write on any node never misses or repeats it.
 
-mod conn;
+pub(crate) mod conn;
 mod feed;
 pub(crate) mod open;
 mod pool;

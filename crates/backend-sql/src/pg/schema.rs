@@ -89,7 +89,7 @@ pub fn init(client: &mut postgres::Client) -> Result<Meta> {
 /// holds no kine-rs store of this schema version.
 pub fn existing(client: &mut postgres::Client) -> Result<Meta> {
     let has_meta =
-        client.query_one("SELECT to_regclass('meta') IS NOT NULL", &[]).context("read the schema")?.get::<_, bool>(0);
+        client.query_row("SELECT to_regclass('meta') IS NOT NULL", &[]).context("read the schema")?.get::<_, bool>(0);
     if !has_meta {
         anyhow::bail!("no kine-rs store in this database (it has no meta table)");
     }
