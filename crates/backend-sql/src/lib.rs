@@ -8,6 +8,7 @@ mod auth;
 mod events;
 mod foreign;
 mod gokine_log;
+mod gokine_write;
 mod members;
 mod mysql;
 mod pg;
@@ -21,6 +22,7 @@ mod writer;
 
 pub use foreign::check_sqlite;
 pub use gokine_log::{GoKineDb, GoKineLog, GoKineRow, GoKineSummary};
+pub use gokine_write::{GoKineRowOut, GoKineWriter};
 pub use mysql::dsn::{parse as parse_mysql_dsn, redact as redact_mysql_dsn};
 pub use mysql::{MysqlBackend, MysqlOptions};
 pub use pg::{PoolOptions, PostgresBackend, PostgresOptions, TlsFiles};

@@ -263,6 +263,10 @@ pub enum Command {
         /// history since its compaction
         #[arg(long)]
         current_only: bool,
+        /// Write --to as Go kine's table (a new SQLite file, or a PostgreSQL or MySQL database
+        /// without one), for Go kine v0.17 to serve with the same revisions
+        #[arg(long, conflicts_with = "current_only")]
+        to_go_kine: bool,
     },
     /// Restores the store kept in S3 (--s3-bucket, --s3-folder …) into a new SQLite database
     /// (--endpoint sqlite://PATH), up to its newest revision or a past one, then exits; the

@@ -47,9 +47,8 @@ fn e(e: kine_core::Error) -> anyhow::Error {
 /// What was read from Go kine's table.
 pub struct Loaded {
     pub backend: MemoryBackend,
-    /// Every live key at the newest revision as Go kine serves it: (mod revision, sha256 of
-    /// the value).
-    pub live: BTreeMap<Vec<u8>, (Revision, [u8; 32])>,
+    /// Every live key at the newest revision as Go kine serves it.
+    pub live: BTreeMap<Vec<u8>, Served>,
     pub revision: Revision,
 }
 
@@ -166,32 +165,53 @@ impl Builder {
         let leases: Vec<(LeaseId, i64)> = self.state.leases();
         let import = Import { versions: vec![], revision, add_leases: leases, remove_leases: vec![] };
         futures_block(self.backend.write(WriteOp::Import(import))).map_err(e)?;
-        let live = self.state.keys.into_iter().filter_map(|(k, s)| s.live.map(|l| (k, l))).collect();
+        let live = self
+            .state
+            .keys
+            .into_iter()
+            .filter_map(|(k, s)| {
+                s.live.map(|(mod_revision, value)| {
+                    (k, Served { mod_revision, create_revision: s.create_revision, value })
+                })
+            })
+            .collect();
         Ok(Loaded { backend: self.backend, live, revision })
     }
+}
+
+/// A key as Go kine serves it: its revisions and the sha256 of its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Served {
+    pub mod_revision: Revision,
+    pub create_revision: Revision,
+    pub value: [u8; 32],
 }
 
 /// The copy serves what Go kine served at `revision`: every live key with its mod revision and
 /// value, and nothing else (checked against the rows read, beside `migrate`'s own check of the
 /// copy against the history built from them).
-pub async fn verify(
-    target: &dyn Backend,
-    live: &BTreeMap<Vec<u8>, (Revision, [u8; 32])>,
-    revision: Revision,
-) -> Result<()> {
+pub async fn verify(target: &dyn Backend, live: &BTreeMap<Vec<u8>, Served>, revision: Revision) -> Result<()> {
     let mut keys = kine_core::pages::Pager::new(target, kine_core::KeyRange::all(), revision);
     let mut expected = live.iter();
     let mut n = 0u64;
     while let Some(kv) = keys.next().await? {
-        let digest: [u8; 32] = sha2::Sha256::digest(&kv.value).into();
+        let here = Served {
+            mod_revision: kv.mod_revision,
+            create_revision: kv.create_revision,
+            value: sha2::Sha256::digest(&kv.value).into(),
+        };
         match expected.next() {
-            Some((key, (rev, value))) if *key == kv.key && *rev == kv.mod_revision && *value == digest => n += 1,
-            Some((key, (rev, _))) => bail!(
-                "verification failed: at revision {revision} Go kine serves {:?} at revision {rev}, --to serves {:?} at \
-                 revision {}",
+            Some((key, served)) if *key == kv.key && *served == here => n += 1,
+            Some((key, served)) => bail!(
+                "verification failed: at revision {revision} Go kine serves {:?} (created at revision {}, modified at \
+                 {}), the copy serves {:?} (created at {}, modified at {}{})",
                 String::from_utf8_lossy(key),
+                served.create_revision,
+                served.mod_revision,
                 String::from_utf8_lossy(&kv.key),
-                kv.mod_revision
+                here.create_revision,
+                here.mod_revision,
+                if served.value != here.value && *key == kv.key { ", another value" } else { "" }
             ),
             None => {
                 bail!("verification failed: --to serves {:?}, which Go kine does not", String::from_utf8_lossy(&kv.key))
@@ -201,7 +221,7 @@ pub async fn verify(
     if let Some((key, _)) = expected.next() {
         bail!("verification failed: --to lacks {:?}, which Go kine serves", String::from_utf8_lossy(key));
     }
-    tracing::info!(keys = n, revision, "--to serves every key Go kine serves, with its revision and value");
+    tracing::info!(keys = n, revision, "--to serves every key Go kine serves, with its revisions and value");
     Ok(())
 }
 

@@ -18,6 +18,7 @@ mod etcd;
 mod gokine;
 mod gokine_nats;
 mod progress;
+mod to_gokine;
 
 use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
@@ -43,7 +44,7 @@ fn e(e: kine_core::Error) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
-pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<()> {
+pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool, to_go_kine: bool) -> Result<()> {
     if from == to {
         bail!("--from and --to name the same datastore");
     }
@@ -70,6 +71,11 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
     } else {
         crate::inspect::open_read_only("--from", from, cli).await?
     };
+    if to_go_kine {
+        let result = back_to_go_kine(source.backend(), to, cli).await;
+        source.close().await;
+        return result;
+    }
     let target = match open_target(to, cli).await.context("--to") {
         Ok(t) => t,
         Err(err) => {
@@ -89,11 +95,35 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool) -> Result<
     result
 }
 
-/// Go kine's datastore at `from` (its SQL table), read into memory; `None` if `from` holds none.
-async fn go_kine_source(from: &str, cli: &Cli) -> Result<Option<gokine::Loaded>> {
+/// `--to-go-kine`: `source` written as Go kine's table into `to`, then read back as Go kine
+/// serves it and compared with `source`.
+async fn back_to_go_kine(source: &dyn Backend, to: &str, cli: &Cli) -> Result<()> {
+    let started = std::time::Instant::now();
+    let (revision, compacted, rows) = to_gokine::write(source, go_kine_db("--to", to, cli)?).await.context("--to")?;
+    let shown = endpoint::shown(to);
+    let Some(back) = gokine::load(go_kine_db("--to", to, cli)?, &shown).await? else {
+        bail!("--to holds no Go kine table after writing it");
+    };
+    if back.revision != revision {
+        bail!("verification failed: Go kine would serve revision {}, --from is at {revision}", back.revision);
+    }
+    gokine::verify(source, &back.live, revision).await.context("verification (--from against the rows written)")?;
+    tracing::info!(
+        revision,
+        compact_revision = compacted,
+        rows,
+        keys = back.live.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "written as Go kine's table and verified: Go kine serves --from's keys at their revisions"
+    );
+    Ok(())
+}
+
+/// The SQL datastore `endpoint` names, for Go kine's table.
+fn go_kine_db(flag: &str, endpoint: &str, cli: &Cli) -> Result<kine_backend_sql::GoKineDb> {
     let pool = kine_backend_sql::PoolOptions { max_idle: 1, max_open: Some(1), ..crate::datastore::pool_options(cli) };
     let tls = crate::datastore::sql_tls(cli);
-    let db = match endpoint::parse_as("--from", from).map_err(anyhow::Error::msg)? {
+    Ok(match endpoint::parse_as(flag, endpoint).map_err(anyhow::Error::msg)? {
         Endpoint::Sqlite { path } => kine_backend_sql::GoKineDb::Sqlite(path),
         Endpoint::Postgres { url } => {
             kine_backend_sql::GoKineDb::Postgres(kine_backend_sql::PostgresOptions { url, pool, tls, stop: None })
@@ -101,9 +131,18 @@ async fn go_kine_source(from: &str, cli: &Cli) -> Result<Option<gokine::Loaded>>
         Endpoint::Mysql { url } => {
             kine_backend_sql::GoKineDb::Mysql(kine_backend_sql::MysqlOptions { url, pool, tls, stop: None })
         }
-        Endpoint::Memory | Endpoint::Nats(_) => return Ok(None),
-    };
-    gokine::load(db, &endpoint::shown(from)).await
+        Endpoint::Memory | Endpoint::Nats(_) => {
+            bail!("{flag}: Go kine's table is written into SQLite, PostgreSQL or MySQL")
+        }
+    })
+}
+
+/// Go kine's datastore at `from` (its SQL table), read into memory; `None` if `from` holds none.
+async fn go_kine_source(from: &str, cli: &Cli) -> Result<Option<gokine::Loaded>> {
+    if matches!(endpoint::parse_as("--from", from).map_err(anyhow::Error::msg)?, Endpoint::Memory | Endpoint::Nats(_)) {
+        return Ok(None);
+    }
+    gokine::load(go_kine_db("--from", from, cli)?, &endpoint::shown(from)).await
 }
 
 /// TLS to an etcd at an `https://` URL: its CA from `--ca-file`, a client certificate from

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
 use kine_testkit::nats::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -90,4 +91,115 @@ impl Drop for GoKine {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// How Go kine compacts: its SQL log keeps `--compact-min-retain` (10 here) revisions below the
+/// one asked for; on NATS it records the one asked for.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Compaction {
+    Sql,
+    Nats,
+}
+
+/// Creates, updates and deletes the way kube-apiserver makes them (compare-and-swap Txns on
+/// the mod revision), plain Puts, a key on a lease and, with `compact`, a compaction. Returns
+/// the compact revision Go kine recorded.
+pub async fn write_like_kubernetes(
+    c: &mut etcd_client::Client,
+    from: usize,
+    to: usize,
+    compact: Option<Compaction>,
+) -> i64 {
+    let mut revisions = std::collections::BTreeMap::new();
+    for i in from..to {
+        let key = format!("/registry/configmaps/default/cm-{i:04}");
+        let create = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.as_str(), format!("v1 of {i}"), None)]);
+        let r = c.txn(create).await.unwrap();
+        assert!(r.succeeded());
+        revisions.insert(i, r.header().unwrap().revision());
+    }
+    for i in (from..to).step_by(3) {
+        let key = format!("/registry/configmaps/default/cm-{i:04}");
+        let update = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revisions[&i])])
+            .and_then([TxnOp::put(key.as_str(), vec![0u8, 1, 2, i as u8], None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let r = c.txn(update).await.unwrap();
+        assert!(r.succeeded());
+        revisions.insert(i, r.header().unwrap().revision());
+    }
+    for i in (from..to).step_by(7) {
+        let key = format!("/registry/configmaps/default/cm-{i:04}");
+        let delete = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revisions[&i])])
+            .and_then([TxnOp::delete(key.as_str(), None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        assert!(c.txn(delete).await.unwrap().succeeded());
+    }
+    let lease = c.lease_grant(3600, None).await.unwrap().id();
+    let event = format!("/registry/events/default/e-{from}");
+    c.put(event.as_str(), "an event", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    let mut compacted = 0;
+    if let Some(how) = compact {
+        let at = c.put("/registry/masterleases/x", "1", None).await.unwrap().header().unwrap().revision();
+        c.compact(at, None).await.unwrap();
+        compacted = if how == Compaction::Sql { at - 10 } else { at };
+    }
+    // After the compaction, updates as kube-apiserver makes them (Go kine on NATS refuses a
+    // plain Put of a key last written below its compact revision).
+    for i in (from..to).step_by(5) {
+        let key = format!("/registry/configmaps/default/cm-{i:04}");
+        let current = c.get(key.as_str(), None).await.unwrap();
+        let rev = current.kvs().first().map_or(0, |kv| kv.mod_revision());
+        let update = Txn::new()
+            .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::put(key.as_str(), format!("after {i}"), None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        assert!(c.txn(update).await.unwrap().succeeded());
+    }
+    compacted
+}
+
+/// A key as a client sees it, without its version (Go kine reports none).
+pub type Key = (Vec<u8>, Vec<u8>, i64, i64, i64);
+
+/// What a server answers: the header revision, every key, and every event after `after`
+/// (revision, PUT/DELETE, key, and the value of a put).
+#[derive(Debug, PartialEq)]
+pub struct Served {
+    pub revision: i64,
+    pub keys: Vec<Key>,
+    pub events: Vec<(i64, String, Vec<u8>, Vec<u8>)>,
+}
+
+pub async fn served(c: &mut etcd_client::Client, after: i64) -> Served {
+    let all = c.get("/registry/", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    let revision = all.header().unwrap().revision();
+    let keys = all
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.lease()))
+        .collect();
+    let options = WatchOptions::new().with_prefix().with_start_revision(after + 1);
+    let mut stream = c.watch("/registry/", Some(options)).await.unwrap();
+    let mut events = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while events.last().is_none_or(|e: &(i64, String, Vec<u8>, Vec<u8>)| e.0 < revision) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let resp = tokio::time::timeout(left, stream.message()).await.expect("the watch caught up").unwrap();
+        for e in resp.unwrap().events() {
+            let kv = e.kv().unwrap();
+            let (kind, value) = match e.event_type() {
+                EventType::Put => ("PUT", kv.value().to_vec()),
+                EventType::Delete => ("DELETE", Vec::new()),
+            };
+            events.push((kv.mod_revision(), kind.to_string(), kv.key().to_vec(), value));
+        }
+        if revision <= after {
+            break;
+        }
+    }
+    Served { revision, keys, events }
 }
