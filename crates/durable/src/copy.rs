@@ -8,11 +8,15 @@
 //! A catch-up round lists the segments after the last one applied and applies them. Reads that
 //! must be linearizable share rounds: a read waits for one that began after it arrived, so it
 //! sees everything that was in the prefix when it came (with `--s3-sync` on the writer, every
-//! write it acknowledged).
+//! write it acknowledged). Once the node's local database holds a prefix of the store
+//! (`standby.rs`), the segments each round fetched go to a task of its own that applies them to
+//! that database after the round: reads wait for the copy only.
 
+use crate::apply::{Given, Sink, Target, apply_segments};
 use crate::manifest;
-use crate::restore::{Restored, Target, apply_segments, restore_checkpoint, segments_after};
+use crate::restore::{Restored, restore_checkpoint, segments_after};
 use crate::segment::Record;
+use crate::standby::{Batch, Standby};
 use kine_core::backend::{Backend, LeaseUpdate, Replication};
 use kine_core::memory::MemoryBackend;
 use kine_core::txn::{Import, WriteOp};
@@ -21,7 +25,7 @@ use kine_objstore::ObjectStore;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 pub struct Copy {
     store: Arc<dyn ObjectStore>,
@@ -30,12 +34,24 @@ pub struct Copy {
     replica: Arc<MemoryBackend>,
     /// Where the copy is; held for the whole of a catch-up round.
     position: tokio::sync::Mutex<Restored>,
+    /// The local database kept current with the copy, if one was attached.
+    feeder: Mutex<Option<Feeder>>,
     /// Rounds begun, and the number of the newest one that succeeded.
     begun: AtomicU64,
     succeeded: AtomicU64,
     contact: Mutex<Contact>,
     leases: broadcast::Sender<LeaseUpdate>,
 }
+
+/// The task that applies each round's segments to the local database, and its queue. A round
+/// whose segments do not fit in the queue leaves them out; the task fetches what it missed.
+struct Feeder {
+    batches: mpsc::Sender<Batch>,
+    task: tokio::task::JoinHandle<Standby>,
+}
+
+/// Rounds whose segments may wait for the local database.
+const QUEUED: usize = 64;
 
 #[derive(Default)]
 struct Contact {
@@ -71,6 +87,7 @@ impl Copy {
             cluster_id: manifest.cluster_id,
             replica,
             position: tokio::sync::Mutex::new(done),
+            feeder: Mutex::new(None),
             begun: AtomicU64::new(0),
             succeeded: AtomicU64::new(0),
             contact: Mutex::new(Contact::default()),
@@ -111,24 +128,58 @@ impl Copy {
     }
 
     async fn round(&self, position: &mut Restored) -> anyhow::Result<Revision> {
-        let names = segments_after(self.store.as_ref(), position.last_segment).await?;
+        let from = position.last_segment;
+        let names = segments_after(self.store.as_ref(), from).await?;
+        let feeding = self.feeder.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|f| f.batches.clone());
         let target = Target::Copy(self.replica.as_ref(), &self.leases);
-        apply_segments(self.store.as_ref(), &names, position, Revision::MAX, target).await?;
-        Ok(position.revision)
+        let mut sinks = [Sink::new(target, position, Revision::MAX)];
+        let fetched = apply_segments(self.store.as_ref(), &names, &Given::new(), &mut sinks, feeding.is_some()).await;
+        if let Some(batches) = feeding.filter(|_| !fetched.is_empty()) {
+            // A full queue: the task finds the gap and fetches these itself.
+            let _ = batches.try_send(Batch { from, names, fetched });
+        }
+        match sinks[0].failed.take() {
+            Some(err) => Err(err),
+            None => Ok(position.revision),
+        }
+    }
+
+    /// From now on the segments each round fetches are applied to `standby` (a local database
+    /// holding a prefix of the store) too, by a task of its own.
+    pub fn attach(&self, standby: Standby) {
+        let (batches, queue) = mpsc::channel(QUEUED);
+        let task = tokio::spawn(standby.feed(self.store.clone(), queue));
+        *self.feeder.lock().unwrap_or_else(|p| p.into_inner()) = Some(Feeder { batches, task });
+    }
+
+    /// The local database, once every round's segments queued for it are applied; `None` if
+    /// none was attached.
+    pub async fn detach(&self) -> Option<Standby> {
+        let feeder = self.feeder.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        drop(feeder.batches);
+        feeder.task.await.ok()
     }
 
     /// Returns once a round that began after the call succeeded (or this call's own round did):
     /// the copy then holds everything the prefix held when the call came.
-    pub async fn barrier(&self) -> kine_core::Result<()> {
+    ///
+    /// The round runs in a task of its own: a read that gives up (its deadline passed) does not
+    /// cut it short.
+    pub async fn barrier(self: &Arc<Self>) -> kine_core::Result<()> {
         let arrived = self.begun.load(Ordering::SeqCst);
         if self.succeeded.load(Ordering::SeqCst) > arrived {
             return Ok(());
         }
-        let mut position = self.position.lock().await;
-        if self.succeeded.load(Ordering::SeqCst) > arrived {
-            return Ok(());
-        }
-        self.counted(&mut position).await.map(|_| ()).map_err(|err| {
+        let this = self.clone();
+        let round = tokio::spawn(async move {
+            let mut position = this.position.lock().await;
+            if this.succeeded.load(Ordering::SeqCst) > arrived {
+                return Ok(());
+            }
+            this.counted(&mut position).await.map(|_| ())
+        });
+        let done = round.await.unwrap_or_else(|err| Err(anyhow::anyhow!("the catch-up round failed: {err}")));
+        done.map_err(|err| {
             kine_core::Error::Unavailable(format!(
                 "etcdserver: request timed out (this node follows the store through S3 and cannot read it: {err:#})"
             ))

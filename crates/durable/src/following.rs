@@ -1,7 +1,7 @@
 //! The store as the server sees it on a node that found another holding the S3 writer lock:
 //! a read-only copy (an etcd learner: writes refused with the writer's address) served from
-//! [`Copy`] until this node takes the lock, then the local database it restored, shipped as
-//! any writer's. The server, its watches and its leases carry on across the switch: the feed
+//! [`Copy`] until this node takes the lock, then the local database (kept current meanwhile,
+//! `standby.rs`), shipped as any writer's. The server, its watches and its leases carry on across the switch: the feed
 //! the server subscribed to is this wrapper's own, fed from whichever store is current, with
 //! any revisions in between read from that store's history.
 

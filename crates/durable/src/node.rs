@@ -1,16 +1,19 @@
-//! A node writing a store to object storage: it takes the writer lock, brings the local store
-//! and the prefix together (a restore into an empty store; a new prefix gets a manifest and, if
-//! the store is not empty, a checkpoint), then ships every change within the ship interval,
-//! writes a checkpoint each checkpoint interval and removes what the checkpoint before it made
-//! unneeded. It keeps the lock renewed; once another node has it, this one stops.
+//! A node becoming the writer of a store in object storage: it takes the writer lock and brings
+//! the local store and the prefix together — a restore into an empty store, the segments after
+//! what a follower's local database holds (`standby.rs`), this node's own store checked against
+//! the prefix; a new prefix gets a manifest and, if the store is not empty, a checkpoint — then
+//! hands over to the [`Runner`], which ships. The lock is renewed from the start; once another
+//! node has it, this one stops.
 
 use crate::checkpoint;
 use crate::keeper::{Held, Keeper};
 use crate::lock::{Contender, Holder, Status};
 use crate::manifest::{self, Manifest};
-use crate::restore::{Restored, restore};
+use crate::restore::Restored;
+pub use crate::runner::Runner;
 use crate::segment::{self, Record, Segment};
 use crate::ship::Shipper;
+use crate::standby::{Holds, Standby};
 use kine_core::Revision;
 use kine_core::backend::Backend;
 use kine_objstore::ObjectStore;
@@ -23,6 +26,8 @@ pub struct Options {
     /// A change is in object storage at most this long after it was committed.
     pub ship_interval: Duration,
     pub checkpoint_interval: Duration,
+    /// A checkpoint is also written once this many segments were shipped since the last one.
+    pub checkpoint_segments: u64,
     /// The writer lock's lease.
     pub lease: Duration,
     /// Names this node in the writer lock.
@@ -46,27 +51,54 @@ pub struct Handle {
     pub held: watch::Receiver<Held>,
 }
 
-fn e(err: kine_core::Error) -> anyhow::Error {
+pub(crate) fn e(err: kine_core::Error) -> anyhow::Error {
     anyhow::anyhow!("{err}")
 }
 
-/// The revision the prefix's objects reach: the newest segment's commit record, or the
-/// checkpoint's when no segment follows it.
-async fn shipped_end(store: &dyn ObjectStore, m: &Manifest) -> anyhow::Result<(Revision, Option<(u64, u64)>)> {
-    let newest = store.list("wal/").await?.iter().filter_map(|n| segment::parse_name(n)).max();
-    let after = m.checkpoint.as_ref().map(|c| c.after_segment);
-    match newest.filter(|n| after.is_none_or(|a| *n > a)) {
+/// What the prefix's objects reach.
+struct End {
+    /// The newest segment's commit record, or the revision `from` (or the checkpoint) is at
+    /// when no segment follows it.
+    revision: Revision,
+    newest: Option<(u64, u64)>,
+    /// Segments after the newest checkpoint (about, when counted from `from`: a term's are
+    /// numbered from 1).
+    since_checkpoint: u64,
+}
+
+/// Lists the segments after `from` (a segment the local database holds, with its revision),
+/// or after the newest checkpoint: only those, since listing all of them takes a while (20,000
+/// took 2.4 s on versitygw).
+async fn shipped_end(
+    store: &dyn ObjectStore,
+    m: &Manifest,
+    from: Option<((u64, u64), Revision)>,
+) -> anyhow::Result<End> {
+    let checkpoint = m.checkpoint.as_ref().map_or(((0, 0), m.shipped), |c| (c.after_segment, c.revision));
+    let from = from.filter(|f| f.0 > checkpoint.0).unwrap_or(checkpoint);
+    let listed = store.list_after("wal/", &segment::object_name(from.0.0, from.0.1)).await?;
+    let names: Vec<(u64, u64)> = listed.iter().filter_map(|n| segment::parse_name(n)).filter(|n| *n > from.0).collect();
+    let newest = names.iter().max().copied();
+    let skipped = match (from.0, checkpoint.0) {
+        (f, c) if f == c => 0,
+        (f, c) if f.0 == c.0 => f.1 - c.1,
+        (f, _) => f.1,
+    };
+    let since_checkpoint = skipped + names.len() as u64;
+    let revision = match newest {
         Some(name) => {
             let object = segment::object_name(name.0, name.1);
             let body = store.get(&object).await?.ok_or_else(|| anyhow::anyhow!("{object} vanished"))?;
             let segment = Segment::decode(&body.body).map_err(|err| anyhow::anyhow!("{object}: {err}"))?;
             match segment.records.last() {
-                Some(Record::Committed { revision }) => Ok((*revision, Some(name))),
+                Some(Record::Committed { revision }) => *revision,
                 _ => anyhow::bail!("{object} does not end with its commit record: damaged"),
             }
         }
-        None => Ok((m.checkpoint.as_ref().map_or(m.shipped, |c| c.revision), newest)),
-    }
+        None => from.1,
+    };
+    let newest = newest.or(Some(from.0).filter(|f| f.1 > 0));
+    Ok(End { revision, newest, since_checkpoint })
 }
 
 /// Waits for the writer lock; returns its term and until when it is held.
@@ -92,22 +124,19 @@ async fn acquire(lock: &mut Contender, lease: Duration) -> anyhow::Result<(u64, 
     }
 }
 
-/// Takes the writer lock and makes the prefix and `backend` hold the same store (restoring
-/// into `backend` if it is empty). Returns what `run` needs.
-pub async fn start(
-    store: Arc<dyn ObjectStore>,
-    backend: Arc<dyn Backend>,
-    options: &Options,
-) -> anyhow::Result<Started> {
+/// Takes the writer lock and makes the prefix and `local` hold the same store (restoring into
+/// it if it is empty, bringing it up to date if it holds a prefix of the store). Returns what
+/// `run` needs.
+pub async fn start(store: Arc<dyn ObjectStore>, local: Standby, options: &Options) -> anyhow::Result<Started> {
     let mut lock = Contender::new(store.clone(), &options.node, &options.address, options.lease);
     let (term, held_until) = acquire(&mut lock, options.lease).await?;
-    start_held(store, backend, options, lock, term, held_until).await
+    start_held(store, local, options, lock, term, held_until).await
 }
 
 /// [`start`] with the writer lock taken already (as `term`, until `held_until`).
 pub async fn start_held(
     store: Arc<dyn ObjectStore>,
-    backend: Arc<dyn Backend>,
+    mut local: Standby,
     options: &Options,
     lock: Contender,
     term: u64,
@@ -115,10 +144,11 @@ pub async fn start_held(
 ) -> anyhow::Result<Started> {
     // Renewed from now on: a restore or a first checkpoint may take longer than the lease.
     let keeper = Keeper::start(lock, held_until, options.lease);
-    let revisions = backend.revisions().await.map_err(e)?;
-    let empty = revisions.current <= 1;
     let mut restored = None;
-    let shipper = match manifest::read(store.as_ref(), None).await? {
+    let manifest = manifest::read(store.as_ref(), None).await?;
+    local.examine(store.as_ref(), manifest.as_ref().map(|(m, _)| m)).await?;
+    let mut segments = 0;
+    let shipper = match manifest {
         None => {
             if !store.list("").await?.is_empty()
                 && store.list("wal/").await?.iter().any(|n| segment::parse_name(n).is_some())
@@ -128,9 +158,11 @@ pub async fn start_held(
                     manifest::KEY
                 );
             }
+            let backend = local.backend();
+            let revisions = backend.revisions().await.map_err(e)?;
             let mut m = Manifest::new(backend.cluster_id(), term);
             let mut shipper = Shipper::new_term(store.clone(), backend.clone(), term, revisions.current);
-            if !empty {
+            if revisions.current > 1 {
                 // Everything the store holds goes up first.
                 let position = Shipper::state(backend.as_ref()).await?;
                 let cp = checkpoint::write(store.as_ref(), backend.as_ref(), term, &position).await?;
@@ -140,54 +172,61 @@ pub async fn start_held(
             if manifest::write(store.as_ref(), &m, None).await?.is_none() {
                 anyhow::bail!("another kine-rs created this S3 prefix's manifest meanwhile: two writers?");
             }
+            local.adopt().await?;
             tracing::info!(revision = m.shipped, "S3 prefix initialised for this store");
             shipper
         }
         Some((m, etag)) => {
-            let (end, newest) = shipped_end(store.as_ref(), &m).await?;
-            if newest.is_some_and(|n| n.0 >= term) {
+            let held = local.position().map(|at| (at.last_segment, at.revision));
+            let end = shipped_end(store.as_ref(), &m, held).await?;
+            if end.newest.is_some_and(|n| n.0 >= term) {
                 anyhow::bail!(
                     "the S3 writer lock is at term {term} but segments of term {} exist: was the lock object removed?",
-                    newest.map_or(0, |n| n.0)
+                    end.newest.map_or(0, |n| n.0)
                 );
             }
-            // An empty database takes the prefix's store (nothing, if it never wrote).
-            if empty {
+            segments = end.since_checkpoint;
+            let end = if local.holds() == &Holds::Own {
+                own_store(local.backend().as_ref(), &m, end.revision).await?;
+                end.revision
+            } else {
+                // An empty database takes the prefix's store (nothing, if it never wrote); a
+                // follower's gets the segments it does not hold yet.
                 let started = Instant::now();
-                let r = restore(store.as_ref(), backend.as_ref(), None).await?;
-                tracing::info!(
-                    revision = r.revision,
-                    checkpoint = ?r.checkpoint,
-                    segments = r.segments,
-                    versions = r.versions,
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "restored the store from S3"
-                );
-                // The restored store is a new database with an id of its own.
+                let held = local.position().map(|at| at.revision);
+                let caught = local.catch_up(store.as_ref()).await?;
+                let r = &caught.restored;
+                let (elapsed_ms, segments) = (started.elapsed().as_millis() as u64, caught.segments);
+                if caught.from_checkpoint {
+                    let (checkpoint, versions) = (r.checkpoint, r.versions);
+                    tracing::info!(
+                        revision = r.revision,
+                        ?checkpoint,
+                        segments,
+                        versions,
+                        elapsed_ms,
+                        "restored the store from S3"
+                    );
+                } else {
+                    tracing::info!(
+                        revision = r.revision,
+                        held,
+                        segments,
+                        elapsed_ms,
+                        "the local database caught up with the S3 store"
+                    );
+                }
+                // The database is a store of its own from now on, with its own id.
                 let mut m = m;
-                m.cluster_id = backend.cluster_id();
+                m.cluster_id = local.backend().cluster_id();
                 if manifest::write(store.as_ref(), &m, Some(&etag)).await?.is_none() {
                     anyhow::bail!("the S3 manifest changed during the restore: another writer?");
                 }
-                restored = Some(r);
-            } else {
-                if m.cluster_id != backend.cluster_id() {
-                    anyhow::bail!(
-                        "the S3 prefix holds another store (cluster id {:x}; the local database is {:x}): point this \
-                         node at its own prefix, or move the local database away to restore from the prefix",
-                        m.cluster_id,
-                        backend.cluster_id()
-                    );
-                }
-                if revisions.current < end {
-                    anyhow::bail!(
-                        "the local database is at revision {}, behind the S3 prefix's {end}: it lost acknowledged \
-                         writes; move it away and start again to restore it from S3",
-                        revisions.current
-                    );
-                }
-            }
-            let end = restored.as_ref().map_or(end, |r: &Restored| r.revision);
+                local.adopt().await?;
+                restored = Some(caught.restored.clone());
+                caught.restored.revision
+            };
+            let backend = local.backend();
             let compacted = backend.revisions().await.map_err(e)?.compacted;
             if compacted > end {
                 anyhow::bail!(
@@ -195,7 +234,7 @@ pub async fn start_held(
                      checkpoint by restarting with an empty S3 prefix"
                 );
             }
-            Shipper::new_term(store.clone(), backend.clone(), term, end)
+            Shipper::new_term(store.clone(), backend, term, end)
         }
     };
     let (flush, requests) = mpsc::channel(1024);
@@ -203,20 +242,44 @@ pub async fn start_held(
     if let Held::Lost(why) = &*keeper.held.borrow() {
         anyhow::bail!("{why}");
     }
+    let backend = local.backend();
     Ok(Started {
         handle: Handle { flush, shipped: shipped.1, held: keeper.held.clone() },
         runner: Runner {
             store,
-            backend,
+            backend: backend.clone(),
             keeper,
             shipper,
             requests,
             shipped: shipped.0,
             options: options.clone(),
             term,
+            segments,
         },
         restored,
+        backend,
     })
+}
+
+/// Checks that this node's own database (`backend`) can go on as the prefix's store, shipped
+/// up to `end`.
+async fn own_store(backend: &dyn Backend, m: &Manifest, end: Revision) -> anyhow::Result<()> {
+    if m.cluster_id != backend.cluster_id() {
+        anyhow::bail!(
+            "the S3 prefix holds another store (cluster id {:x}; the local database is {:x}): point this node at its \
+             own prefix, or move the local database away to restore from the prefix",
+            m.cluster_id,
+            backend.cluster_id()
+        );
+    }
+    let current = backend.revisions().await.map_err(e)?.current;
+    if current < end {
+        anyhow::bail!(
+            "the local database is at revision {current}, behind the S3 prefix's {end}: it lost acknowledged writes; \
+             move it away and start again to restore it from S3"
+        );
+    }
+    Ok(())
 }
 
 pub struct Started {
@@ -224,167 +287,7 @@ pub struct Started {
     pub runner: Runner,
     /// What was restored, if anything.
     pub restored: Option<Restored>,
-}
-
-pub struct Runner {
-    store: Arc<dyn ObjectStore>,
-    backend: Arc<dyn Backend>,
-    keeper: Keeper,
-    shipper: Shipper,
-    requests: mpsc::Receiver<Flush>,
-    shipped: watch::Sender<Revision>,
-    options: Options,
-    term: u64,
-}
-
-impl Runner {
-    /// Ships until `stop` resolves (then ships what is left) or the lock is lost (an error).
-    pub async fn run(mut self, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
-        tokio::pin!(stop);
-        let mut waiting: Vec<Flush> = Vec::new();
-        let mut checkpointed = Instant::now();
-        let mut failing: Option<Instant> = None;
-        let mut held = self.keeper.held.clone();
-        loop {
-            let stopping = tokio::select! {
-                _ = &mut stop => true,
-                Some(f) = self.requests.recv() => { waiting.push(f); false }
-                _ = held.changed() => false,
-                _ = tokio::time::sleep(self.options.ship_interval) => false,
-            };
-            if let Held::Lost(why) = &*held.borrow() {
-                anyhow::bail!("{why}: this node stops");
-            }
-            while let Ok(f) = self.requests.try_recv() {
-                waiting.push(f);
-            }
-            // A lost lock ends the node even while an upload hangs.
-            let shipped = tokio::select! {
-                r = self.ship_all() => r,
-                why = lost(&mut held) => anyhow::bail!("{why}: this node stops"),
-            };
-            match shipped {
-                Ok(()) => {
-                    if failing.take().is_some() {
-                        tracing::info!("shipping to S3 again");
-                    }
-                }
-                Err(err) => {
-                    if failing.is_none() {
-                        tracing::warn!(error = format!("{err:#}"), "cannot ship to S3; retrying");
-                    }
-                    failing.get_or_insert_with(Instant::now);
-                }
-            }
-            if failing.is_none() {
-                // Everything committed before these requests came in is shipped.
-                for tell in waiting.drain(..) {
-                    let _ = tell.send(());
-                }
-            }
-            if stopping {
-                if failing.is_none() {
-                    // Everything is shipped: the next node need not wait for the lease.
-                    self.keeper.release().await?;
-                    tracing::info!(
-                        revision = self.shipper.position().revision,
-                        "S3 shipping stopped; writer lock released"
-                    );
-                } else {
-                    self.keeper.abandon();
-                    tracing::warn!(
-                        "stopping with changes not shipped to S3; the writer lock is kept until its lease runs out"
-                    );
-                }
-                return Ok(());
-            }
-            if failing.is_none() && checkpointed.elapsed() >= self.options.checkpoint_interval {
-                let written = tokio::select! {
-                    r = self.checkpoint() => r,
-                    why = lost(&mut held) => anyhow::bail!("{why}: this node stops"),
-                };
-                match written {
-                    Ok(()) => checkpointed = Instant::now(),
-                    Err(err) => tracing::warn!(error = format!("{err:#}"), "cannot write an S3 checkpoint; retrying"),
-                }
-            }
-        }
-    }
-
-    /// Ships what was committed before the call: one segment, or several for a backlog of more
-    /// than [`crate::ship::MAX_REVISIONS`] (writes committed meanwhile wait for the next call,
-    /// so that a busy store still ships one segment per interval).
-    async fn ship_all(&mut self) -> anyhow::Result<()> {
-        let target = self.backend.revisions().await.map_err(e)?.current;
-        while let Some(s) = self.shipper.ship_until(target).await? {
-            tracing::trace!(object = %s.object, first = s.first, last = s.last, bytes = s.bytes, "shipped");
-            self.shipped.send_replace(s.last);
-            if s.last >= target {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// A checkpoint at the revision shipped; the manifest points at it; what only the
-    /// checkpoint before it needed is removed.
-    async fn checkpoint(&mut self) -> anyhow::Result<()> {
-        let position = self.shipper.position().clone();
-        let (mut m, etag) = manifest::read(self.store.as_ref(), Some(self.backend.cluster_id()))
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("the S3 manifest is gone"))?;
-        if m.checkpoint.as_ref().is_some_and(|c| c.revision == position.revision) {
-            return Ok(());
-        }
-        let started = Instant::now();
-        let cp = checkpoint::write(self.store.as_ref(), self.backend.as_ref(), self.term, &position).await?;
-        let previous = m.checkpoint.replace(cp.clone());
-        m.previous.clone_from(&previous);
-        (m.shipped, m.term) = (position.revision, self.term);
-        if manifest::write(self.store.as_ref(), &m, Some(&etag)).await?.is_none() {
-            anyhow::bail!("the S3 manifest changed under this writer: another writer?");
-        }
-        tracing::info!(
-            revision = cp.revision,
-            parts = cp.parts,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "S3 checkpoint written"
-        );
-        // Kept: the previous checkpoint and the segments after it (a restore to a revision
-        // before the newest checkpoint). Removed: everything older.
-        if let Some(previous) = previous {
-            self.prune(previous.after_segment, &previous.object).await?;
-        }
-        Ok(())
-    }
-
-    async fn prune(&self, keep_after: (u64, u64), keep_checkpoint: &str) -> anyhow::Result<()> {
-        let mut removed = 0;
-        for name in self.store.list("wal/").await? {
-            if segment::parse_name(&name).is_some_and(|n| n <= keep_after) {
-                self.store.delete(&name).await?;
-                removed += 1;
-            }
-        }
-        for name in self.store.list("checkpoint/").await? {
-            if name.as_str() < keep_checkpoint && !name.starts_with(keep_checkpoint) {
-                self.store.delete(&name).await?;
-                removed += 1;
-            }
-        }
-        tracing::debug!(removed, "removed S3 objects no checkpoint kept needs");
-        Ok(())
-    }
-}
-
-/// Resolves once the lock is lost, with the reason.
-async fn lost(held: &mut watch::Receiver<Held>) -> String {
-    loop {
-        if let Held::Lost(why) = &*held.borrow_and_update() {
-            return why.clone();
-        }
-        if held.changed().await.is_err() {
-            return "the S3 writer lock's keeper ended".to_string();
-        }
-    }
+    /// The local database the node writes (another one than it started with if a follower's
+    /// that could not go on was emptied).
+    pub backend: Arc<dyn Backend>,
 }

@@ -90,6 +90,7 @@ fn options(node: &str) -> Options {
     Options {
         ship_interval: Duration::from_millis(50),
         checkpoint_interval: Duration::from_secs(3600),
+        checkpoint_segments: 10_000,
         lease: Duration::from_secs(2),
         node: node.into(),
         address: format!("http://{node}:2379"),
@@ -105,8 +106,8 @@ async fn an_upload_that_lands_after_a_takeover_is_neither_acknowledged_nor_resto
 
     // The first writer, through the gate, acknowledges writes once they are in S3.
     let gated = Arc::new(Gated { real: s3.clone(), open: watch::channel(true).0 });
-    let local = sqlite(&dir.path().join("old"));
-    let started = node::start(gated.clone(), local.clone(), &options("old")).await.unwrap();
+    let started = node::start(gated.clone(), common::local(&dir.path().join("old")), &options("old")).await.unwrap();
+    let local = started.backend.clone();
     let old = Arc::new(Durable::new(local.clone(), started.handle.clone(), true, Duration::from_secs(7)));
     let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let runner = tokio::spawn(started.runner.run(async move { stopped.await.unwrap_or_default() }));
@@ -125,8 +126,8 @@ async fn an_upload_that_lands_after_a_takeover_is_neither_acknowledged_nor_resto
     // Another node waits out the lease, takes over with the next term from what S3 holds, and
     // writes.
     let taken = Instant::now();
-    let next = sqlite(&dir.path().join("new"));
-    let started = node::start(s3.clone(), next.clone(), &options("new")).await.unwrap();
+    let started = node::start(s3.clone(), common::local(&dir.path().join("new")), &options("new")).await.unwrap();
+    let next = started.backend.clone();
     eprintln!("took over in {:?}", taken.elapsed());
     assert_eq!(keys(next.as_ref()).await, acked, "the new writer starts from what was acknowledged");
     let new = Durable::new(next.clone(), started.handle.clone(), true, Duration::from_secs(7));

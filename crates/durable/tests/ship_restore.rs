@@ -1,7 +1,8 @@
 //! Shipping a SQLite store's history to a real S3-compatible server (versitygw) and restoring it
 //! into new SQLite stores: from the segments alone, from a checkpoint and the segments after
 //! it, and up to a past revision; every restored store is compared with the original at every
-//! revision it holds. Damaged or missing objects stop a restore with their names.
+//! revision it holds. Damaged or missing objects stop a restore with their names. A store that
+//! never held anything restores without a late segment skipped.
 
 use bytes::Bytes;
 use kine_core::backend::Backend;
@@ -145,4 +146,99 @@ async fn a_prefix_without_a_store_is_refused() {
     let dir = TempDir::new("ship-empty");
     let err = restore(s3.as_ref(), sqlite(&dir.path().join("x")).as_ref(), None).await.unwrap_err();
     assert!(err.to_string().contains("no kine-rs store here"), "{err}");
+}
+
+/// Each writer's first segment of its term carries no revision when the store holds nothing
+/// (only its lease table, reset): a later restore skips the older term's as superseded, but
+/// counts (and warns of) no late upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_never_held_anything_restores_without_a_late_segment() {
+    use kine_durable::node::{self, Options};
+    let server = S3Server::start(&["kine"]);
+    let s3 = store(&server, "nothing").await;
+    let dir = TempDir::new("ship-nothing");
+    let options = Options {
+        ship_interval: std::time::Duration::from_millis(50),
+        checkpoint_interval: std::time::Duration::from_secs(3600),
+        checkpoint_segments: 10_000,
+        lease: std::time::Duration::from_secs(2),
+        node: "n".into(),
+        address: "http://n:2379".into(),
+        read_wait: std::time::Duration::from_secs(7),
+    };
+    for term in 1..=2u64 {
+        let started =
+            node::start(s3.clone(), common::local(&dir.path().join(format!("t{term}"))), &options).await.unwrap();
+        // A clean stop ships what is left (the term's first segment) and releases the lock.
+        started.runner.run(async {}).await.unwrap();
+        assert!(s3.get(&segment::object_name(term, 1)).await.unwrap().is_some(), "term {term} shipped nothing");
+    }
+    let restored = sqlite(&dir.path().join("restored"));
+    let r = restore(s3.as_ref(), restored.as_ref(), None).await.unwrap();
+    assert_eq!((r.revision, r.zombies), (1, 0), "{r:?}");
+}
+
+/// The real server, with a listing that leaves one object out (as versitygw's did for a segment
+/// created while a follower listed the folder, with a later one shown).
+struct Forgetful {
+    real: std::sync::Arc<dyn kine_objstore::ObjectStore>,
+    hidden: String,
+}
+
+#[async_trait::async_trait]
+impl kine_objstore::ObjectStore for Forgetful {
+    async fn get(&self, key: &str) -> anyhow::Result<Option<kine_objstore::Object>> {
+        self.real.get(key).await
+    }
+    async fn put(&self, key: &str, body: Bytes) -> anyhow::Result<String> {
+        self.real.put(key, body).await
+    }
+    async fn put_if_absent(&self, key: &str, body: Bytes) -> anyhow::Result<Option<String>> {
+        self.real.put_if_absent(key, body).await
+    }
+    async fn put_if_match(&self, key: &str, body: Bytes, etag: &str) -> anyhow::Result<Option<String>> {
+        self.real.put_if_match(key, body, etag).await
+    }
+    async fn list(&self, prefix: &str) -> anyhow::Result<Vec<String>> {
+        Ok(self.real.list(prefix).await?.into_iter().filter(|n| *n != self.hidden).collect())
+    }
+    async fn delete(&self, key: &str) -> anyhow::Result<()> {
+        self.real.delete(key).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_a_listing_leaves_out_is_read_by_name() {
+    use kine_objstore::ObjectStore;
+    let server = S3Server::start(&["kine"]);
+    let s3 = store(&server, "forgetful").await;
+    let dir = TempDir::new("ship-forgetful");
+    let source = sqlite(&dir.path().join("source"));
+    manifest::write(s3.as_ref(), &Manifest::new(7, 1), None).await.unwrap().expect("a new manifest");
+    let mut shipper = Shipper::new(s3.clone(), source.clone(), 1, Shipper::state(source.as_ref()).await.unwrap());
+    for i in 0..6 {
+        let put = kine_core::request::PutRequest {
+            key: format!("/k/{i}").into(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        };
+        let txn = kine_core::request::TxnRequest {
+            compare: vec![],
+            success: vec![kine_core::request::RequestOp::Put(put)],
+            failure: vec![],
+        };
+        source.write(kine_core::txn::WriteOp::Txn(txn)).await.unwrap();
+        shipper.ship().await.unwrap().expect("a segment");
+    }
+    let forgetful = Forgetful { real: s3.clone(), hidden: segment::object_name(1, 3) };
+    assert!(!forgetful.list("wal/").await.unwrap().contains(&segment::object_name(1, 3)));
+    let restored = sqlite(&dir.path().join("restored"));
+    let r = restore(&forgetful, restored.as_ref(), None).await.unwrap();
+    assert_eq!((r.revision, r.segments), (7, 6), "{r:?}");
+    assert_eq!(keys_at(restored.as_ref(), 7).await, keys_at(source.as_ref(), 7).await);
+
+    // One that is not there at all is missing, and named.
+    s3.delete(&segment::object_name(1, 3)).await.unwrap();
+    let err = restore(&forgetful, sqlite(&dir.path().join("gap")).as_ref(), None).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("{} is missing", segment::object_name(1, 3))), "{err}");
 }

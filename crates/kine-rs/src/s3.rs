@@ -57,6 +57,10 @@ pub struct S3Args {
     /// How often a full checkpoint is written (older segments and checkpoints are then removed)
     #[arg(long, env = "KINE_S3_CHECKPOINT_INTERVAL", default_value = "1h", value_parser = parse_duration)]
     pub s3_checkpoint_interval: Duration,
+    /// A checkpoint is also written once this many WAL segments were shipped since the last
+    /// one (a restore then reads at most about as many)
+    #[arg(long, env = "KINE_S3_CHECKPOINT_SEGMENTS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub s3_checkpoint_segments: u64,
     /// The S3 writer lock's lease: a node that stopped renewing it is replaced after this
     #[arg(long, env = "KINE_S3_LOCK_LEASE", default_value = "10s", value_parser = parse_duration)]
     pub s3_lock_lease: Duration,
@@ -119,8 +123,13 @@ pub async fn attach(
     trigger: &kine_core::shutdown::ShutdownTrigger,
 ) -> Result<Option<(Arc<dyn Backend>, Option<Running>)>> {
     let Some(bucket) = &cli.s3.s3_bucket else { return Ok(Some((backend, None))) };
+    let path = match crate::endpoint::parse(&cli.endpoint).map_err(anyhow::Error::msg)? {
+        crate::endpoint::Endpoint::Sqlite { path } => Some(path),
+        _ => None,
+    };
     let mut stopping = stop.clone();
-    let starting = start(&cli.s3, bucket, backend.clone(), &cli.name, address, cli.request_timeout, trigger.clone());
+    let local = Local { backend: backend.clone(), path };
+    let starting = start(&cli.s3, bucket, local, &cli.name, address, cli.request_timeout, trigger.clone());
     let started = tokio::select! {
         r = starting => Some(r),
         _ = stopping.wait() => None,
@@ -134,33 +143,66 @@ pub async fn attach(
     }
 }
 
-/// Brings `backend` (SQLite) and the bucket together (a restore into an empty database), then
-/// returns the backend to serve and the shipping task, which stops when told (shipping what is
-/// left) or, with an error and `trigger` pulled, once another node took the lock.
+/// The local datastore: the backend opened on `--endpoint`, and its SQLite file.
+pub struct Local {
+    pub backend: Arc<dyn Backend>,
+    pub path: Option<std::path::PathBuf>,
+}
+
+/// The local database as kine-durable keeps it: with its standby marker beside it, emptied by
+/// closing it, removing its files and opening a new one.
+fn standby(backend: Arc<dyn Backend>, path: std::path::PathBuf) -> kine_durable::standby::Standby {
+    let marker = kine_durable::marker::path_for(&path);
+    let reset: kine_durable::standby::Reset = Arc::new(move |old: Arc<dyn Backend>| {
+        let path = path.clone();
+        Box::pin(async move {
+            old.close().await;
+            for suffix in ["", "-wal", "-shm", "-journal"] {
+                let file = format!("{}{suffix}", path.display());
+                match std::fs::remove_file(&file) {
+                    Err(err) if err.kind() != std::io::ErrorKind::NotFound => bail!("cannot remove {file}: {err}"),
+                    _ => {}
+                }
+            }
+            let options = kine_backend_sql::SqliteOptions { path: path.clone() };
+            let opened = kine_backend_sql::SqliteBackend::open(options)
+                .with_context(|| format!("cannot open SQLite database {}", path.display()))?;
+            Ok(Arc::new(opened) as Arc<dyn Backend>)
+        })
+    });
+    kine_durable::standby::Standby::new(backend, marker, reset)
+}
+
+/// Brings the local database (SQLite) and the bucket together (a restore into an empty
+/// database), then returns the backend to serve and the shipping task, which stops when told
+/// (shipping what is left) or, with an error and `trigger` pulled, once another node took the
+/// lock.
 pub async fn start(
     args: &S3Args,
     bucket: &str,
-    backend: Arc<dyn Backend>,
+    local: Local,
     node_name: &str,
     address: &str,
     request_timeout: Duration,
     trigger: kine_core::shutdown::ShutdownTrigger,
 ) -> Result<(Arc<dyn Backend>, Running)> {
-    if backend.name() != "sqlite" {
+    let Local { backend, path } = local;
+    let Some(path) = path.filter(|_| backend.name() == "sqlite") else {
         bail!("--s3-bucket works with the SQLite datastore (sqlite:// or the default), not {}", backend.name());
-    }
+    };
     let config = args.config(bucket)?;
     let shown = format!("s3://{bucket}/{}", args.s3_folder);
     let store = Arc::new(S3Store::connect(&config).await.with_context(|| format!("--s3-bucket: {shown}"))?);
     let options = Options {
         ship_interval: args.s3_ship_interval,
         checkpoint_interval: args.s3_checkpoint_interval,
+        checkpoint_segments: args.s3_checkpoint_segments,
         lease: args.s3_lock_lease,
         node: node_name.to_string(),
         address: address.to_string(),
         read_wait: request_timeout,
     };
-    let begun = kine_durable::follow::begin(store, backend.clone(), &options, args.s3_sync)
+    let begun = kine_durable::follow::begin(store, standby(backend, path), &options, args.s3_sync)
         .await
         .with_context(|| format!("--s3-bucket: {shown}"))?;
     let failure = Arc::new(Mutex::new(None));
@@ -181,7 +223,7 @@ pub async fn start(
                 "shipping the datastore to S3"
             );
             let served = Arc::new(kine_durable::backend::Durable::new(
-                backend,
+                started.backend.clone(),
                 started.handle.clone(),
                 args.s3_sync,
                 request_timeout,
