@@ -267,6 +267,10 @@ pub enum Command {
         /// without one), for Go kine v0.17 to serve with the same revisions
         #[arg(long, conflicts_with = "current_only")]
         to_go_kine: bool,
+        /// Read both sides and print what the copy would do (keys, history, leases, what --to
+        /// holds); nothing is written
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Restores the store kept in S3 (--s3-bucket, --s3-folder …) into a new SQLite database
     /// (--endpoint sqlite://PATH), up to its newest revision or a past one, then exits; the

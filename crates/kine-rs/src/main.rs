@@ -54,8 +54,9 @@ fn main() -> std::process::ExitCode {
     let other = match &cli.command {
         Some(cli::Command::Inspect { output, what }) => Some(runtime.block_on(inspect::run(&cli, *output, what))),
         Some(cli::Command::S3Restore { revision }) => Some(runtime.block_on(s3::restore(&cli, *revision))),
-        Some(cli::Command::Migrate { from, to, current_only, to_go_kine }) => {
-            Some(runtime.block_on(migrate::run(&cli, from, to, *current_only, *to_go_kine)))
+        Some(cli::Command::Migrate { from, to, current_only, to_go_kine, dry_run }) => {
+            let how = migrate::How { current_only: *current_only, to_go_kine: *to_go_kine, dry_run: *dry_run };
+            Some(runtime.block_on(migrate::run(&cli, from, to, how)))
         }
         _ => None,
     };

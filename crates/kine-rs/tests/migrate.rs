@@ -303,3 +303,47 @@ async fn a_live_etcd_3_6_moves_to_kine_rs_with_its_history() {
 async fn a_live_etcd_3_7_moves_to_kine_rs_with_its_history() {
     from_live_etcd(etcd::Version::V3_7).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_says_what_it_would_copy_and_writes_nothing() {
+    let dir = TempDir::new("migrate");
+    let from = db_endpoint(dir.path());
+    let (current, compact) = {
+        let server = Server::start(&["--endpoint", &from]);
+        let mut c = server.client().await;
+        let (compact, _) = load(&mut c).await;
+        (everything(&mut c).await.0, compact)
+    };
+    let dry = |to: &str, extra: &[&str]| {
+        run(Command::new(server_bin()).args(["migrate", "--dry-run", "--from", &from, "--to", to]).args(extra))
+    };
+    let path = dir.path().join("copy.db");
+    let to = format!("sqlite://{}", path.display());
+    let (ok, out, err) = dry(&to, &[]);
+    assert!(ok, "{err}");
+    // The keys at the compact revision: all 2,500 but the one deleted there.
+    let plan = format!(
+        "would copy: 2499 keys at revision {compact} (each with its create and mod revision), {} revisions of \
+         history after it ({}..{current}), 1 leases",
+        current - compact,
+        compact + 1
+    );
+    assert!(out.contains(&plan), "expected {plan:?} in:\n{out}");
+    assert!(out.contains("does not exist: the copy creates it") && out.contains("nothing was written"), "{out}");
+    assert!(!path.exists(), "a dry run created {}", path.display());
+
+    let (ok, err) = migrate(&from, &to, &[]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = dry(&to, &[]);
+    assert!(ok && out.contains(&format!("a kine-rs store at revision {current}: up to date")), "{out}{err}");
+    // Go kine's table goes into a new file only: refused as the copy would refuse it.
+    let (ok, _, err) = dry(&to, &["--to-go-kine"]);
+    assert!(!ok && err.contains("exists: Go kine's table is written into a new file"), "{err}");
+
+    // A PostgreSQL database that does not exist yet is left so.
+    let pg = PgServer::start();
+    let (ok, out, err) = dry(&pg.url("dry"), &[]);
+    assert!(ok && out.contains("the database does not exist: the copy creates it"), "{out}{err}");
+    let databases = pg.sql("postgres", "SELECT datname FROM pg_database");
+    assert!(!databases.lines().any(|l| l.trim() == "dry"), "a dry run created the database: {databases}");
+}

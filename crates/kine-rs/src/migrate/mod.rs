@@ -14,6 +14,7 @@
 //! revision must be equal.
 
 mod digest;
+mod dry_run;
 mod etcd;
 mod gokine;
 mod gokine_nats;
@@ -44,7 +45,19 @@ fn e(e: kine_core::Error) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
-pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool, to_go_kine: bool) -> Result<()> {
+/// How to copy (the subcommand's flags).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct How {
+    /// Only the keys at the source's current revision.
+    pub current_only: bool,
+    /// Into Go kine's table.
+    pub to_go_kine: bool,
+    /// Say what would be copied; write nothing.
+    pub dry_run: bool,
+}
+
+pub async fn run(cli: &Cli, from: &str, to: &str, how: How) -> Result<()> {
+    let How { current_only, to_go_kine, dry_run } = how;
     if from == to {
         bail!("--from and --to name the same datastore");
     }
@@ -71,6 +84,11 @@ pub async fn run(cli: &Cli, from: &str, to: &str, current_only: bool, to_go_kine
     } else {
         crate::inspect::open_read_only("--from", from, cli).await?
     };
+    if dry_run {
+        let result = dry_run::report(source.backend(), to, cli, current_only, to_go_kine).await;
+        source.close().await;
+        return result;
+    }
     if to_go_kine {
         let result = back_to_go_kine(source.backend(), to, cli).await;
         source.close().await;
