@@ -8,8 +8,8 @@
 mod open;
 mod print;
 
+pub use crate::cli::inspect::{InspectCommand, Output};
 pub use open::{NatsSource, ReadOnly, nats_source, open_read_only};
-pub use print::Output;
 
 use crate::cli::Cli;
 use anyhow::{Context, Result, bail};
@@ -19,49 +19,6 @@ use kine_core::pages::Pager;
 use kine_core::request::RangeRequest;
 use kine_core::{EventKind, KeyRange, Revision};
 use print::Printer;
-
-/// What to read.
-#[derive(clap::Subcommand, Debug, Clone)]
-pub enum InspectCommand {
-    /// The current and compact revisions, the number of keys and leases, the size
-    Status,
-    /// The keys under PREFIX (every key without one) at a revision
-    List {
-        /// Only keys that start with this
-        prefix: Option<String>,
-        /// Read at this revision (0: the current one)
-        #[arg(long, default_value_t = 0)]
-        revision: Revision,
-        /// Print values too
-        #[arg(long)]
-        values: bool,
-    },
-    /// One key and its value at a revision
-    Get {
-        key: String,
-        /// Read at this revision (0: the current one)
-        #[arg(long, default_value_t = 0)]
-        revision: Revision,
-    },
-    /// Every version of KEY the datastore still holds (its version at the compact revision,
-    /// then every put and delete since), oldest first
-    History {
-        key: String,
-        /// Every key that starts with KEY, in revision order
-        #[arg(long)]
-        prefix: bool,
-        /// Print values too
-        #[arg(long)]
-        values: bool,
-    },
-    /// The keys created, deleted and changed between two revisions
-    Diff {
-        from: Revision,
-        to: Revision,
-        /// Only keys that start with this
-        prefix: Option<String>,
-    },
-}
 
 /// Revisions of history read per request.
 const WINDOW: Revision = 10_000;

@@ -2,15 +2,10 @@
 //! where they are not printable), or JSON, one object per line, with etcd's conventions (keys
 //! and values in base64, as `etcdctl -w json` prints them).
 
+use crate::cli::inspect::Output;
 use base64::Engine as _;
 use kine_core::{KeyValue, Revision};
 use std::io::Write;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Text,
-    Json,
-}
 
 pub struct Printer {
     out: std::io::BufWriter<std::io::Stdout>,

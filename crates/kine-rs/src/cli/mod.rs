@@ -1,5 +1,8 @@
 //! Command-line flags, compatible with kine's names; each also reads a `KINE_*` variable.
 
+pub mod inspect;
+pub mod s3;
+
 use clap::{CommandFactory, FromArgMatches, Parser};
 use kine_core::duration;
 use std::ffi::OsString;
@@ -79,7 +82,7 @@ pub struct Cli {
     pub trusted_ca_file: Option<PathBuf>,
 
     #[command(flatten)]
-    pub s3: crate::s3::S3Args,
+    pub s3: s3::S3Args,
 
     /// etcd's --name: this node's name in MemberList (every node serving the datastore is listed)
     #[arg(long, env = "KINE_NAME", default_value = "kine-rs")]
@@ -286,9 +289,9 @@ pub enum Command {
         /// text: tab-separated with a header, unprintable bytes escaped; json: one object per
         /// line, keys and values in base64 (as `etcdctl -w json`)
         #[arg(long, value_enum, default_value = "text")]
-        output: crate::inspect::Output,
+        output: inspect::Output,
         #[command(subcommand)]
-        what: crate::inspect::InspectCommand,
+        what: inspect::InspectCommand,
     },
 }
 
