@@ -7,6 +7,9 @@
 //! marked `Kine-Batch: i/n`; all its changes take the revision of the batch's last message.
 //! The stream's first message, on [`INIT_TOKEN`], marks a bucket written by kine-rs; its
 //! sequence is revision 1, so the first etcd write gets revision 2, as in etcd.
+//! A message on [`FILL_TOKEN`] (no payload, no headers of kine-rs's) is a revision at which
+//! nothing changed: `kine-rs migrate` writes them so that another store's versions land on
+//! their own revisions (docs/nats.md, "Fillers"); compaction removes them.
 
 use crate::codec;
 use async_nats::HeaderMap;
@@ -15,6 +18,8 @@ use kine_core::{Event, EventKind, KeyValue, Revision};
 
 /// The subject token of the init marker; `codec::encode_key` never produces `~`.
 pub const INIT_TOKEN: &str = "~init";
+/// The subject token of a filler: a revision with no change.
+pub const FILL_TOKEN: &str = "~fill";
 const CREATE: &str = "Kine-Create";
 const VERSION: &str = "Kine-Version";
 const LEASE: &str = "Kine-Lease";
@@ -52,6 +57,10 @@ pub fn check_key(key: &[u8], subject_len: usize, limit: usize, max_control_line:
 
 pub fn init_subject(bucket: &str) -> String {
     format!("$KV.{bucket}.{INIT_TOKEN}")
+}
+
+pub fn fill_subject(bucket: &str) -> String {
+    format!("$KV.{bucket}.{FILL_TOKEN}")
 }
 
 /// Headers and payload for one change.
@@ -95,6 +104,8 @@ pub fn batch_position(headers: Option<&HeaderMap>) -> Option<(i64, i64)> {
 #[derive(Debug)]
 pub enum Decoded {
     Init,
+    /// A filler: a revision with no change.
+    Fill,
     Change(Event),
     /// A message kine-rs did not write (another program's key, or kine's format).
     Foreign(String),
@@ -107,6 +118,9 @@ pub fn decode(bucket: &str, subject: &str, headers: Option<&HeaderMap>, payload:
     };
     if tokens == INIT_TOKEN {
         return Decoded::Init;
+    }
+    if tokens == FILL_TOKEN {
+        return Decoded::Fill;
     }
     let Some(key) = codec::decode_key(tokens) else {
         return Decoded::Foreign(format!("subject {subject} is not a kine-rs key"));
@@ -165,6 +179,10 @@ mod tests {
         let Decoded::Change(got) = decode("kine", &subject("kine", b"k"), Some(&h), &p, 10) else { panic!() };
         assert_eq!(got, del);
         assert!(matches!(decode("kine", &init_subject("kine"), None, b"", 1), Decoded::Init));
+        assert_eq!(fill_subject("kine"), "$KV.kine.~fill");
+        assert!(matches!(decode("kine", &fill_subject("kine"), None, b"", 6), Decoded::Fill));
+        // Another bucket's filler is not this one's.
+        assert!(matches!(decode("kine", &fill_subject("other"), None, b"", 6), Decoded::Foreign(_)));
         // A creation takes its create revision from its own sequence.
         let (h, p) = encode(&Event {
             kind: EventKind::Put,
