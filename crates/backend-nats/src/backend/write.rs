@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 /// How a write is made conditional.
-enum Expect {
+pub(super) enum Expect {
     /// Each message carries its key's last sequence: the write read nothing but those keys.
     PerKey,
     /// The first message carries the stream's last sequence.
@@ -53,7 +53,7 @@ impl Inner {
     /// Publishes the messages of one write, the last carrying `id`. `key_last[i]` is the last
     /// revision of event `i`'s key when the write was evaluated. `None`: an expectation failed
     /// (or so an answer said, `sent.rs`).
-    async fn publish(
+    pub(super) async fn publish(
         &self,
         events: &[kine_core::Event],
         expect: Expect,
@@ -131,7 +131,7 @@ impl Inner {
     }
 
     /// Sends one message; the acknowledgement is awaited by the caller.
-    async fn send(
+    pub(super) async fn send(
         &self,
         subject: &str,
         headers: async_nats::HeaderMap,
@@ -174,7 +174,7 @@ struct Attempt<'a> {
 
 /// Why JetStream refused a message.
 #[derive(Debug, PartialEq, Eq)]
-enum Refusal {
+pub(super) enum Refusal {
     /// An expected last sequence did not hold: another writer came first.
     Expectation,
     /// A message with the same id is being stored (10158).
@@ -184,7 +184,7 @@ enum Refusal {
     Other,
 }
 
-fn refusal(e: &jetstream::context::PublishError) -> Refusal {
+pub(super) fn refusal(e: &jetstream::context::PublishError) -> Refusal {
     if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence {
         return Refusal::Expectation;
     }
