@@ -73,10 +73,16 @@ async fn kine_rs_target(to: &str, cli: &Cli) -> Result<Target> {
             return Ok(Target::New(format!("{} does not exist: the copy creates it", path.display())));
         }
         Endpoint::Memory => bail!("memory:// keeps nothing: there is no point copying into it"),
-        Endpoint::Nats(_) => bail!(
-            "kine-rs migrate writes into SQLite, PostgreSQL and MySQL; a NATS bucket's revisions are its stream's \
-             sequence numbers and cannot be written as another store's"
-        ),
+        Endpoint::Nats(config) if endpoint::wants_embedded(&config) => {
+            let dir = config.data_dir.clone().unwrap_or_else(|| crate::endpoint::DEFAULT_NATS_DATA_DIR.into());
+            if !dir.join("jetstream").is_dir() {
+                return Ok(Target::New(format!(
+                    "no NATS store in {}: the copy starts an embedded server there and creates the bucket (revisions \
+                     written as stream sequences; the history may start at a later revision, docs/operations.md)",
+                    dir.display()
+                )));
+            }
+        }
         _ => {}
     }
     match crate::inspect::open_read_only("--to", to, cli).await {
@@ -88,7 +94,7 @@ async fn kine_rs_target(to: &str, cli: &Cli) -> Result<Target> {
         }
         Err(err) => {
             let text = format!("{err:#}");
-            if text.contains("no kine-rs store") {
+            if text.contains("no kine-rs store") || text.contains("stream not found") {
                 Ok(Target::New("holds no kine-rs tables: the copy creates them".into()))
             } else if text.contains("does not exist") || text.contains("Unknown database") {
                 Ok(Target::New("the database does not exist: the copy creates it".into()))

@@ -19,21 +19,21 @@ mod etcd;
 mod gokine;
 mod gokine_nats;
 mod progress;
+mod target;
 mod to_gokine;
+mod to_nats;
 
 use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
 use crate::inspect::{NatsSource, ReadOnly};
 use anyhow::{Context, Result, bail};
 use kine_core::backend::Backend;
-use kine_core::members::{Identity, Members};
 use kine_core::pages::Pager;
 use kine_core::request::RangeRequest;
 use kine_core::txn::{Import, ImportedVersion, WriteOp};
 use kine_core::{Event, EventKind, KeyRange, RangeEnd, Revision};
 use progress::Progress;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Versions written per import transaction, at most (and at most [`BATCH_BYTES`] of values).
 const BATCH: usize = 1000;
@@ -94,19 +94,16 @@ pub async fn run(cli: &Cli, from: &str, to: &str, how: How) -> Result<()> {
         source.close().await;
         return result;
     }
-    let target = match open_target(to, cli).await.context("--to") {
+    let target = match target::open_unserved(to, cli).await {
         Ok(t) => t,
         Err(err) => {
             source.close().await;
             return Err(err);
         }
     };
-    let mut result = match unserved(&target).await {
-        Ok(()) => copy(source.backend(), target.as_ref(), current_only).await,
-        Err(err) => Err(err),
-    };
+    let mut result = copy(source.backend(), target.backend.as_ref(), current_only, target.nats).await;
     if let (Ok(()), Some((live, revision))) = (&result, &go_kine) {
-        result = gokine::verify(target.as_ref(), live, *revision).await;
+        result = gokine::verify(target.backend.as_ref(), live, *revision).await;
     }
     target.close().await;
     source.close().await;
@@ -185,52 +182,6 @@ fn etcd_tls(url: &str, cli: &Cli) -> Result<Option<tonic::transport::ClientTlsCo
     Ok(Some(tls))
 }
 
-/// No kine-rs serves the target: none has refreshed its member record within
-/// `members::STALE` (PostgreSQL and MySQL; an SQLite file keeps no such records).
-async fn unserved(target: &Arc<dyn Backend>) -> Result<()> {
-    let me = target.member_id();
-    let members = Members::new(target.clone(), Identity::default()).list().await.map_err(e)?;
-    let serving: Vec<String> = members
-        .into_iter()
-        .filter(|m| m.id != me)
-        .map(|m| {
-            format!("{} ({})", if m.name.is_empty() { format!("{:x}", m.id) } else { m.name }, m.client_urls.join(", "))
-        })
-        .collect();
-    if !serving.is_empty() {
-        bail!(
-            "--to is being served by kine-rs {} (a member record refreshed within {} s): stop every kine-rs on it first",
-            serving.join(", "),
-            kine_core::members::STALE.as_secs()
-        );
-    }
-    Ok(())
-}
-
-/// The target, opened for writing (created if missing, as a server would).
-async fn open_target(to: &str, cli: &Cli) -> Result<Arc<dyn Backend>> {
-    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::datastore::pool_options(cli) };
-    let tls = crate::datastore::sql_tls(cli);
-    Ok(match endpoint::parse_as("--to", to).map_err(anyhow::Error::msg)? {
-        Endpoint::Sqlite { path } => {
-            Arc::new(kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path })?)
-        }
-        Endpoint::Postgres { url } => {
-            let options = kine_backend_sql::PostgresOptions { url, pool, tls, stop: None };
-            Arc::new(tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options)).await??)
-        }
-        Endpoint::Mysql { url } => {
-            let options = kine_backend_sql::MysqlOptions { url, pool, tls, stop: None };
-            Arc::new(tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open(options)).await??)
-        }
-        Endpoint::Memory => bail!("memory:// keeps nothing: there is no point copying into it"),
-        Endpoint::Nats(_) => bail!(
-            "kine-rs migrate writes into SQLite, PostgreSQL and MySQL; a NATS bucket's revisions are its stream's \
-             sequence numbers and cannot be written as another store's"
-        ),
-    })
-}
-
 async fn count(b: &dyn Backend, revision: Revision) -> Result<i64> {
     let mut req = RangeRequest::new(KeyRange::all());
     req.count_only = true;
@@ -262,9 +213,14 @@ async fn same_history(
     Ok(a == b)
 }
 
-async fn copy(source: &dyn Backend, target: &dyn Backend, current_only: bool) -> Result<()> {
+async fn copy(source: &dyn Backend, target: &dyn Backend, current_only: bool, nats: bool) -> Result<()> {
     let started = std::time::Instant::now();
     let s = source.revisions().await.map_err(e)?;
+    if nats {
+        // Revisions are stream sequences: written in revision order (`to_nats.rs`).
+        to_nats::prepare(source, target, s, current_only).await?;
+        return finish(source, target, s.current, started).await;
+    }
     // The keys are copied at this revision, the history after it.
     let base = if current_only { s.current } else { s.compacted };
     let t = target.revisions().await.map_err(e)?;
@@ -324,10 +280,21 @@ async fn copy(source: &dyn Backend, target: &dyn Backend, current_only: bool) ->
         copy_keys(source, target, base, start, position).await?;
         target.compact(base).await.map_err(e).context("set --to's compact revision")?;
     }
-    copy_history(source, target, s.current).await?;
+    finish(source, target, s.current, started).await
+}
+
+/// The history after the target's revision up to `until`, the leases, the auth record, then
+/// the verification.
+async fn finish(
+    source: &dyn Backend,
+    target: &dyn Backend,
+    until: Revision,
+    started: std::time::Instant,
+) -> Result<()> {
+    copy_history(source, target, until).await?;
     copy_leases(source, target).await?;
     copy_auth(source, target).await?;
-    verify(source, target, s.current, started).await
+    verify(source, target, until, started).await
 }
 
 /// The keys at `base` from `start` on, each with its own revision; the store's revision
