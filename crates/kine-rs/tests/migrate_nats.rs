@@ -38,6 +38,11 @@ async fn a_store_moves_into_embedded_nats_and_back_with_its_history() {
     let (sqlite, compact, middle, original) = loaded_sqlite(dir.path()).await;
     let store = TempDir::new("migrate-nats-store");
     let nats = format!("nats://?dataDir={}", store.path().display());
+    // A dry run creates nothing.
+    let (ok, out, err) =
+        run(Command::new(server_bin()).args(["migrate", "--dry-run", "--from", &sqlite, "--to", &nats]));
+    assert!(ok && out.contains("the copy starts an embedded server there"), "{out}{err}");
+    assert!(!store.path().join("jetstream").exists(), "a dry run created the store");
     let started = Instant::now();
     let (ok, err) = migrate(&sqlite, &nats, &[]);
     assert!(ok && err.contains("copied and verified"), "{err}");
@@ -103,6 +108,12 @@ async fn a_revision_of_several_keys_that_does_not_fit_starts_the_history() {
     };
     let nats = NatsServer::start();
     let to = format!("{}?noEmbed&bucket=auto", nats.url());
+    // A bucket a kine-rs serves is refused.
+    let busy = format!("{}?noEmbed&bucket=busy", nats.url());
+    let node = Server::start(&["--endpoint", &busy, "--name", "busy-node"]);
+    let (ok, err) = migrate(&sqlite, &busy, &[]);
+    assert!(!ok && err.contains("--to is being served by kine-rs busy-node"), "{err}");
+    drop(node);
     let (ok, err) = migrate(&sqlite, &to, &[]);
     assert!(ok && err.contains("copied and verified"), "{err}");
     assert!(
