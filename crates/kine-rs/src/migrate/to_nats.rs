@@ -118,15 +118,15 @@ pub(super) async fn choose_base(source: &dyn Backend, s: Revisions) -> Result<Re
     Ok(revision)
 }
 
-/// The keys at `base`, grouped by mod revision (ascending), keys in key order within a group;
-/// refused, naming the keys, if a group does not fit after the one before it.
-async fn plan(source: &dyn Backend, base: Revision) -> Result<(Vec<KeyValue>, Vec<(Revision, Vec<KeyValue>)>)> {
-    let mut by_key = Vec::new();
+/// The keys at `base` (held in memory), grouped by mod revision (ascending), keys in key order
+/// within a group; refused, naming the keys, if a group does not fit after the one before it.
+async fn plan(source: &dyn Backend, base: Revision) -> Result<Vec<(Revision, Vec<KeyValue>)>> {
+    let mut sorted = Vec::new();
     let mut keys = Pager::new(source, KeyRange::all(), base);
     while let Some(kv) = keys.next().await? {
-        by_key.push(kv);
+        sorted.push(kv);
     }
-    let mut sorted = by_key.clone();
+    // Stable: key order within a mod revision.
     sorted.sort_by_key(|kv| kv.mod_revision);
     let mut groups: Vec<(Revision, Vec<KeyValue>)> = Vec::new();
     for kv in sorted {
@@ -147,27 +147,29 @@ async fn plan(source: &dyn Backend, base: Revision) -> Result<(Vec<KeyValue>, Ve
                 Some((r, g)) => format!("key {} has mod revision {r}", shown(&g[0])),
             };
             bail!(
-                "--from's keys at revision {base} {}{} share mod revision {rev}: NATS stores them on sequences {}..{rev}, \
-                 and {why}; this store cannot be written into NATS with its revisions (nothing was written)",
+                "--from's keys at revision {base} {}{} share mod revision {rev}: NATS stores them on the {n} stream \
+                 sequences ending at {rev}, and {why}; this store cannot be written into NATS with its revisions \
+                 (nothing was written)",
                 names.join(", "),
                 if group.len() > 5 { format!(" and {} more", group.len() - 5) } else { String::new() },
-                rev - n + 1
             );
         }
     }
-    Ok((by_key, groups))
+    Ok(groups)
 }
 
 /// Copies the keys at `base` into `target` (from the target's revision on, after checking
 /// what it holds), fills up to `base` and compacts there.
 pub(super) async fn copy_keys(source: &dyn Backend, target: &dyn Backend, base: Revision) -> Result<()> {
-    let (by_key, groups) = plan(source, base).await?;
+    let groups = plan(source, base).await?;
     let t = target.revisions().await.map_err(e)?;
     if t.current > 1 {
-        same_keys(target, t.current, by_key.iter().filter(|kv| kv.mod_revision <= t.current), base).await?;
+        let mut copied: Vec<&KeyValue> =
+            groups.iter().filter(|(rev, _)| *rev <= t.current).flat_map(|(_, g)| g.iter()).collect();
+        copied.sort_by(|a, b| a.key.cmp(&b.key));
+        same_keys(target, t.current, copied.into_iter(), base).await?;
         tracing::info!(revision = t.current, base, "continuing an earlier copy of the keys");
     }
-    drop(by_key);
     let todo: Vec<_> = groups.into_iter().filter(|(rev, _)| *rev > t.current).collect();
     let total = todo.iter().map(|(_, g)| g.len() as u64).sum();
     let mut progress = Progress::new("copying the keys", "keys", total);
