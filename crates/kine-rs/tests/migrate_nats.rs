@@ -114,6 +114,11 @@ async fn a_revision_of_several_keys_that_does_not_fit_starts_the_history() {
     let (ok, err) = migrate(&sqlite, &busy, &[]);
     assert!(!ok && err.contains("--to is being served by kine-rs busy-node"), "{err}");
     drop(node);
+    let (ok, out, err) = run(Command::new(server_bin()).args(["migrate", "--dry-run", "--from", &sqlite, "--to", &to]));
+    assert!(
+        ok && out.contains(&format!("keys at revision {txn} ")) && out.contains("the copy creates it"),
+        "{out}{err}"
+    );
     let (ok, err) = migrate(&sqlite, &to, &[]);
     assert!(ok && err.contains("copied and verified"), "{err}");
     assert!(
@@ -137,6 +142,8 @@ async fn a_revision_of_several_keys_that_does_not_fit_starts_the_history() {
         server.client().await.txn(Txn::new().and_then(puts)).await.unwrap();
     }
     let to = format!("{}?noEmbed&bucket=dense", nats.url());
+    let (ok, _, err) = run(Command::new(server_bin()).args(["migrate", "--dry-run", "--from", &dense, "--to", &to]));
+    assert!(!ok && err.contains("share mod revision 2"), "{err}");
     let (ok, err) = migrate(&dense, &to, &[]);
     assert!(!ok && err.contains("\"/d/0\", \"/d/1\", \"/d/2\" share mod revision 2"), "{err}");
     assert!(err.contains("nothing was written"), "{err}");

@@ -183,7 +183,10 @@ impl Inner {
 
     /// A key whose subject no server would carry is refused before it is published.
     fn check_subject(&self, event: &Event, subject: &str) -> Result<()> {
-        let limit = message::max_subject_len(self.max_control_line, &self.bucket);
+        // As `publish` counts it: a promoted copy's subjects are stored under a longer name.
+        let name = if self.stored.len() > self.bucket.len() { &self.stored } else { &self.bucket };
+        let limit = message::max_subject_len(self.max_control_line, name)
+            .saturating_sub(self.stored.len().saturating_sub(self.bucket.len()));
         message::check_key(&event.kv.key, subject.len(), limit, self.max_control_line)
     }
 

@@ -23,7 +23,14 @@ enum Target {
 /// Reads `source` and `to`, prints the plan.
 pub async fn report(source: &dyn Backend, to: &str, cli: &Cli, current_only: bool, to_go_kine: bool) -> Result<()> {
     let s = source.revisions().await.map_err(e)?;
-    let base = if current_only { s.current } else { s.compacted.max(1) };
+    let mut base = if current_only { s.current } else { s.compacted.max(1) };
+    if !to_go_kine && matches!(endpoint::parse_as("--to", to), Ok(Endpoint::Nats(_))) {
+        // Into NATS: the first revision chosen, and the keys at it checked, as the copy does.
+        if !current_only {
+            base = super::to_nats::choose_base(source, s).await?.max(1);
+        }
+        super::to_nats::plan(source, base).await?;
+    }
     let keys = count(source, base).await?;
     let leases = source.leases().await.map_err(e)?.len();
     println!("--from: revision {}, compacted at revision {}", s.current, s.compacted);
@@ -94,8 +101,10 @@ async fn kine_rs_target(to: &str, cli: &Cli) -> Result<Target> {
         }
         Err(err) => {
             let text = format!("{err:#}");
-            if text.contains("no kine-rs store") || text.contains("stream not found") {
+            if text.contains("no kine-rs store") {
                 Ok(Target::New("holds no kine-rs tables: the copy creates them".into()))
+            } else if text.contains("no bucket ") && text.contains("on this NATS server") {
+                Ok(Target::New("no such bucket on the NATS server: the copy creates it".into()))
             } else if text.contains("does not exist") || text.contains("Unknown database") {
                 Ok(Target::New("the database does not exist: the copy creates it".into()))
             } else {

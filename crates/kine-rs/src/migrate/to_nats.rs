@@ -120,7 +120,7 @@ pub(super) async fn choose_base(source: &dyn Backend, s: Revisions) -> Result<Re
 
 /// The keys at `base` (held in memory), grouped by mod revision (ascending), keys in key order
 /// within a group; refused, naming the keys, if a group does not fit after the one before it.
-async fn plan(source: &dyn Backend, base: Revision) -> Result<Vec<(Revision, Vec<KeyValue>)>> {
+pub(super) async fn plan(source: &dyn Backend, base: Revision) -> Result<Vec<(Revision, Vec<KeyValue>)>> {
     let mut sorted = Vec::new();
     let mut keys = Pager::new(source, KeyRange::all(), base);
     while let Some(kv) = keys.next().await? {
