@@ -25,6 +25,9 @@ const VERSION: &str = "Kine-Version";
 const LEASE: &str = "Kine-Lease";
 const OPERATION: &str = "KV-Operation";
 const BATCH: &str = "Kine-Batch";
+/// On an imported version 1 whose create revision is not its own revision (a Go kine key whose
+/// earlier versions were compacted): `Kine-Create` is kept as written.
+const CREATE_KEPT: &str = "Kine-Create-Kept";
 
 pub fn subject(bucket: &str, key: &[u8]) -> String {
     format!("$KV.{bucket}.{}", codec::encode_key(key))
@@ -82,6 +85,16 @@ pub fn encode(event: &Event) -> (HeaderMap, Bytes) {
     }
 }
 
+/// Headers and payload for another store's version at `revision` (an import): as [`encode`],
+/// and a version 1 whose create revision is not `revision` keeps it (`Kine-Create-Kept`).
+pub fn encode_imported(event: &Event, revision: Revision) -> (HeaderMap, Bytes) {
+    let (mut headers, payload) = encode(event);
+    if event.kind == EventKind::Put && event.kv.version == 1 && event.kv.create_revision != revision {
+        headers.insert(CREATE_KEPT, "1");
+    }
+    (headers, payload)
+}
+
 /// The id a write's message carries (`Nats-Msg-Id`, see the backend's `sent.rs`).
 pub fn msg_id(headers: Option<&HeaderMap>) -> Option<&str> {
     headers?.get("Nats-Msg-Id").map(|v| v.as_str())
@@ -135,9 +148,14 @@ pub fn decode(bucket: &str, subject: &str, headers: Option<&HeaderMap>, payload:
     let (Some(create_revision), Some(version)) = (number(CREATE), number(VERSION)) else {
         return Decoded::Foreign(format!("message {seq} on {subject} has no kine-rs headers"));
     };
-    // A creation's create revision is its own revision, which the writer could not know (other
-    // nodes may have written in between).
-    let create_revision = if version == 1 { seq } else { create_revision };
+    // A creation's create revision is its own revision (its own sequence, or its batch's last),
+    // which the writer could not know (other nodes may have written in between); an imported
+    // version says when it keeps the one it carries.
+    let create_revision = if version == 1 && header(CREATE_KEPT).is_none() {
+        batch_position(headers).map_or(seq, |(i, n)| seq - i + n)
+    } else {
+        create_revision
+    };
     let kv = KeyValue {
         key,
         create_revision,
@@ -198,6 +216,28 @@ mod tests {
         });
         let Decoded::Change(got) = decode("kine", &subject("kine", b"n"), Some(&h), &p, 8) else { panic!() };
         assert_eq!((got.kv.create_revision, got.kv.mod_revision), (8, 8));
+        // A creation in a batch: the batch's revision (its last sequence).
+        let mut h2 = h.clone();
+        mark_batch(&mut h2, 0, 3);
+        let Decoded::Change(got) = decode("kine", &subject("kine", b"n"), Some(&h2), &p, 8) else { panic!() };
+        assert_eq!((got.kv.create_revision, got.kv.mod_revision), (10, 8));
+        // An imported version 1 created earlier keeps its create revision.
+        let kept = Event {
+            kind: EventKind::Put,
+            kv: KeyValue {
+                key: b"k".to_vec(),
+                create_revision: 3,
+                mod_revision: 9,
+                version: 1,
+                value: vec![],
+                lease: 0,
+            },
+            prev_kv: None,
+        };
+        let (h, p) = encode_imported(&kept, 9);
+        let Decoded::Change(got) = decode("kine", &subject("kine", b"k"), Some(&h), &p, 9) else { panic!() };
+        assert_eq!(got, kept);
+        assert!(encode_imported(&put, 9).0.get(CREATE_KEPT).is_none(), "only where needed");
         let mut h = HeaderMap::new();
         mark_batch(&mut h, 1, 3);
         assert_eq!(batch_position(Some(&h)), Some((2, 3)));

@@ -154,14 +154,14 @@ impl Inner {
             if n == 1 {
                 let subject = message::subject(&self.bucket, &events[0].kv.key);
                 self.check_subject(&events[0], &subject)?;
-                let (headers, payload) = message::encode(&events[0]);
+                let (headers, payload) = message::encode_imported(&events[0], rev);
                 pipe.push(&subject, headers, payload).await?;
                 continue;
             }
             // An atomic batch, once everything before it is stored.
             pipe.settle().await?;
             let id = format!("kine-import-{:016x}", kine_core::id::random_u64());
-            match self.publish(&events, Expect::Stream(rev - n), &[], &id).await? {
+            match self.publish(&events, Expect::Stream(rev - n), &[], &id, Some(rev)).await? {
                 Some(seq) if seq == rev => pipe.last = rev,
                 Some(seq) => {
                     return Err(unavailable(format!(

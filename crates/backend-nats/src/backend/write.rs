@@ -50,7 +50,8 @@ impl Inner {
         Ok((applied, base, expect, key_last))
     }
 
-    /// Publishes the messages of one write, the last carrying `id`. `key_last[i]` is the last
+    /// Publishes the messages of one write, the last carrying `id` (`imported`: another store's
+    /// versions at this revision, `message::encode_imported`). `key_last[i]` is the last
     /// revision of event `i`'s key when the write was evaluated. `None`: an expectation failed
     /// (or so an answer said, `sent.rs`).
     pub(super) async fn publish(
@@ -59,6 +60,7 @@ impl Inner {
         expect: Expect,
         key_last: &[Revision],
         id: &str,
+        imported: Option<Revision>,
     ) -> Result<Option<Revision>> {
         // Every subject checked before anything is sent: a batch is all or nothing.
         let subjects: Vec<String> = events.iter().map(|e| message::subject(&self.bucket, &e.kv.key)).collect();
@@ -72,7 +74,10 @@ impl Inner {
         let batch_id = (events.len() > 1).then(|| format!("kine-{:x}", kine_core::id::random_u64()));
         let mut ack = None;
         for (i, event) in events.iter().enumerate() {
-            let (mut headers, payload) = message::encode(event);
+            let (mut headers, payload) = match imported {
+                Some(revision) => message::encode_imported(event, revision),
+                None => message::encode(event),
+            };
             match &expect {
                 Expect::PerKey => {
                     headers.insert("Nats-Expected-Last-Subject-Sequence", key_last[i].to_string().as_str());
@@ -309,7 +314,7 @@ impl Inner {
                 return Err(refusal);
             }
             let sent = inner.sent.register(&format!("kine-{:016x}", kine_core::id::random_u64()));
-            match inner.publish(&ev.events, expect, &key_last, &sent.id).await? {
+            match inner.publish(&ev.events, expect, &key_last, &sent.id, None).await? {
                 Some(seq) => return Ok(self.committed(applied.response, base, seq).await),
                 None => {
                     tracing::debug!("conditional write refused (another writer came first?); evaluating again");
