@@ -99,3 +99,14 @@ async fn imported_versions_keep_their_revisions() {
     let s = kine_testkit::contract::store(b.clone()).await;
     assert_eq!(kine_testkit::contract::put(&s, "a", "next").await, 13);
 }
+
+/// A bucket that keeps a limited history per key would drop fillers: refused.
+#[tokio::test]
+async fn a_bucket_with_a_per_key_limit_takes_no_import() {
+    let server = NatsServer::start();
+    let b = open(&server, "limited&revHistory=5").await;
+    let refused = b.write(import(vec![put(4, 0, "a", 4, 1)], 4)).await;
+    let Err(Error::Unsupported(text)) = refused else { panic!("{refused:?}") };
+    assert!(text.contains("max_msgs_per_subject"), "{text}");
+    assert_eq!(b.revisions().await.unwrap().current, 1, "nothing written");
+}
