@@ -188,36 +188,47 @@ async fn a_copy_into_nats_killed_midway_continues() {
     }
     let (revision, hash) = hash_kv(from.clone()).await;
     let nats = NatsServer::start();
+    // Killed while it copies the keys (--current-only: all of them at the source's revision).
+    let to = killed_midway(&from, &nats, "keys", &["--current-only"], |(_, compacted, n)| {
+        n > 0 && n < keys && compacted < revision
+    });
+    let (ok, err) = migrate(&from, &to, &["--current-only"]);
+    assert!(ok && err.contains("continuing an earlier copy of the keys"), "{err}");
+    assert_eq!(status(&to), Some((revision, revision, keys)));
+    assert_eq!(hash_kv(to).await, (revision, hash), "the same keys at the same revision");
+
+    // Killed while it copies the history (the source was never compacted: all of it).
+    let to = killed_midway(&from, &nats, "history", &[], |(current, _, _)| current > 1 && current < revision);
+    let (ok, err) = migrate(&from, &to, &[]);
+    assert!(ok && err.contains("holds a copy of --from up to this revision; continuing"), "{err}");
+    assert_eq!(hash_kv(to).await, (revision, hash), "the same keys at the same revision");
+}
+
+/// Runs `migrate --from from --to <a new bucket> [extra]` and kills it (SIGKILL) as soon as
+/// the target's `(revision, compact revision, keys)` are `midway`; the target. Up to six tries.
+fn killed_midway(
+    from: &str,
+    nats: &NatsServer,
+    name: &str,
+    extra: &[&str],
+    midway: impl Fn((i64, i64, i64)) -> bool,
+) -> String {
     for attempt in 0..6 {
-        let to = format!("{}?noEmbed&bucket=killed{attempt}", nats.url());
+        let to = format!("{}?noEmbed&bucket={name}{attempt}", nats.url());
         let mut copy = Command::new(server_bin())
-            .args(["migrate", "--current-only", "--from", &from, "--to", &to])
+            .args(["migrate", "--from", from, "--to", &to])
+            .args(extra)
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        // Stopped as soon as some of the keys are in, not all.
-        let mut caught = false;
         while copy.try_wait().unwrap().is_none() {
-            if let Some((_, compacted, n)) = status(&to)
-                && n > 0
-                && n < keys
-                && compacted < revision
-            {
+            if status(&to).is_some_and(&midway) {
                 copy.kill().unwrap();
-                caught = true;
-                break;
+                let _ = copy.wait();
+                return to;
             }
         }
-        let _ = copy.wait();
-        if !caught {
-            eprintln!("attempt {attempt}: the copy finished before it could be stopped midway");
-            continue;
-        }
-        let (ok, err) = migrate(&from, &to, &["--current-only"]);
-        assert!(ok && err.contains("continuing an earlier copy of the keys"), "{err}");
-        assert_eq!(status(&to), Some((revision, revision, keys)));
-        assert_eq!(hash_kv(to).await, (revision, hash), "the same keys at the same revision");
-        return;
+        eprintln!("attempt {attempt}: the copy finished before it could be stopped midway");
     }
     panic!("six copies finished before one could be stopped midway");
 }
