@@ -1,8 +1,9 @@
-//! `kine-rs migrate` into NATS (embedded, an external server, a 3-node cluster with R3) and
-//! back out: the copy, served, answers as the original did, at the same revisions; a history
-//! whose revision of several keys cannot be written where it was starts at that revision; a
-//! store whose keys cannot be held at their revisions is refused with nothing written; a copy
-//! killed with SIGKILL continues when run again.
+//! `kine-rs migrate` into NATS (embedded, an external server, a 3-node cluster with R3), from
+//! NATS into NATS, and back out: the copy, served, answers as the original did, at the same
+//! revisions; a history whose revision of several keys cannot be written where it was starts
+//! at that revision; a store whose keys cannot be held at their revisions is refused with
+//! nothing written; a copy killed with SIGKILL (copying the keys, copying the history)
+//! continues when run again.
 
 mod common;
 use common::answers::{Answers, answers, migrate};
@@ -57,6 +58,13 @@ async fn a_store_moves_into_embedded_nats_and_back_with_its_history() {
     let (ok, err) = migrate(&nats, &back, &[]);
     assert!(ok && err.contains("copied and verified"), "{err}");
     assert_eq!(answers(&back, compact, middle).await, original);
+
+    // NATS into NATS: an external server's bucket.
+    let external = NatsServer::start();
+    let again = format!("{}?noEmbed&bucket=again", external.url());
+    let (ok, err) = migrate(&nats, &again, &[]);
+    assert!(ok && err.contains("copied and verified"), "{err}");
+    assert_eq!(answers(&again, compact, middle).await, original);
 
     // The NATS copy takes the next write at the next revision.
     let server = Server::start(&["--endpoint", &nats]);

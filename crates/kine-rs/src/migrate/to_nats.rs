@@ -83,13 +83,14 @@ pub(super) async fn prepare(
 }
 
 /// The newest revision after `after` (up to `until`) whose changes do not fit after the
-/// revision before them, with how many changes it has. Sequence `after` is taken.
+/// revision before them, with how many changes it has. Sequence `after` is taken (changes at
+/// revision 1 are not looked at: `prepare` refuses them).
 pub(super) async fn misfit(
     source: &dyn Backend,
     after: Revision,
     until: Revision,
 ) -> Result<Option<(Revision, usize)>> {
-    let (mut found, mut taken, mut from) = (None, after.max(1), after);
+    let (mut found, mut taken, mut from) = (None, after.max(1), after.max(1));
     while from < until {
         let to = (from + WINDOW).min(until);
         for change in source.events(&KeyRange::all(), from, to).await.map_err(e)? {
