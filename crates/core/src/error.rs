@@ -13,6 +13,11 @@ pub enum Error {
     EmptyKey,
     #[error("key not found")]
     KeyNotFound,
+    /// A put in a Txn with `ignore_value` or `ignore_lease` on a missing key that also names a
+    /// missing lease: etcd 3.6 answers [`Error::KeyNotFound`], etcd 3.7 [`Error::LeaseNotFound`]
+    /// (it checks the lease first); the server answers as the version it emulates.
+    #[error("key not found, and the requested lease not found")]
+    KeyAndLeaseNotFound,
     #[error("value is provided")]
     ValueProvided,
     #[error("lease is provided")]

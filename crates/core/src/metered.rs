@@ -131,7 +131,7 @@ pub fn error_code(e: &Error) -> &'static str {
         Error::Compacted { .. } => "compacted",
         Error::FutureRevision => "future_revision",
         Error::EmptyKey | Error::ValueProvided | Error::LeaseProvided | Error::InvalidSortOption => "invalid_request",
-        Error::KeyNotFound => "key_not_found",
+        Error::KeyNotFound | Error::KeyAndLeaseNotFound => "key_not_found",
         Error::TooManyOps | Error::DuplicateKey | Error::InvalidArgument(_) => "invalid_argument",
         Error::LeaseNotFound => "lease_not_found",
         Error::LeaseExists => "lease_exists",

@@ -143,8 +143,8 @@ impl Store {
         // A node that cannot write refuses before looking at the request, as etcd's learner.
         self.writable()?;
         validate::put(&req)?;
-        // A Put RPC checks its lease before its key (a put in a Txn the other way round); the
-        // order shows only when both are missing.
+        // A Put RPC checks its lease before its key (a put in a Txn: as the emulated version
+        // does, `Error::KeyAndLeaseNotFound`); the order shows only when both are missing.
         if req.lease != 0 && (req.ignore_value || req.ignore_lease) && !self.lessor.list().contains(&req.lease) {
             return Err(Error::LeaseNotFound);
         }

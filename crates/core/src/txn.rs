@@ -235,10 +235,11 @@ impl Exec<'_> {
     }
 
     fn check_put(&mut self, p: &PutRequest) -> Result<()> {
+        let lease_missing = p.lease != 0 && self.view.lease(p.lease)?.is_none();
         if (p.ignore_value || p.ignore_lease) && self.key_at_base(&p.key)?.is_none() {
-            return Err(Error::KeyNotFound);
+            return Err(if lease_missing { Error::KeyAndLeaseNotFound } else { Error::KeyNotFound });
         }
-        if p.lease != 0 && self.view.lease(p.lease)?.is_none() {
+        if lease_missing {
             return Err(Error::LeaseNotFound);
         }
         Ok(())

@@ -5,19 +5,15 @@
 //!
 //! Every revision must follow the one before and every segment number the one before it (from
 //! 1 in each term): a segment that does not (a missing object) stops that store's application
-//! with what is missing named ([`Unfollowable`]), as does a damaged object.
+//! with what is missing named ([`Unfollowable`]), as does a damaged object. How a store takes
+//! a segment that follows on is up to the store (`Target`); where it is, is a [`Restored`].
 
-use crate::restore::{Restored, apply};
 use crate::segment::{self, Record, Segment};
-use crate::standby::Marking;
 use futures_util::StreamExt;
-use kine_core::backend::{Backend, LeaseUpdate};
-use kine_core::memory::MemoryBackend;
-use kine_core::{KeyRange, Revision};
+use kine_core::Revision;
 use kine_objstore::ObjectStore;
 use std::collections::HashMap;
 use std::sync::Arc;
-use tokio::sync::broadcast;
 
 /// Segments fetched at once by a restore or a follower's catch-up.
 const FETCH_AHEAD: usize = 16;
@@ -29,21 +25,47 @@ const FETCH_AHEAD: usize = 16;
 #[error("{0}")]
 pub struct Unfollowable(pub String);
 
-/// Where segments are applied.
-pub(crate) enum Target<'a> {
-    /// A store being restored: each segment as one import.
-    Import(&'a dyn Backend),
-    /// A follower's local database (`standby.rs`): each segment as one import, except the ones
-    /// it holds already (a node restarted after applying segments its marker does not name
-    /// yet), which are compared with its history instead; the marker is moved on as it goes.
-    Standby(&'a dyn Backend, &'a mut Marking),
-    /// A follower's copy: each revision as committed (see `copy`).
-    Copy(&'a MemoryBackend, &'a broadcast::Sender<LeaseUpdate>),
+/// What a restore did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// The store's revision afterwards.
+    pub revision: Revision,
+    /// The checkpoint started from, if any.
+    pub checkpoint: Option<Revision>,
+    pub segments: usize,
+    pub versions: usize,
+    /// The last segment applied: (term, number).
+    pub last_segment: (u64, u64),
+    /// Segments skipped: uploaded by a writer after the next term had started (see
+    /// `NextTerms`).
+    pub zombies: usize,
+}
+
+/// Where segments are applied, and how: a store being restored, each segment as one import
+/// (`restore.rs`); a follower's local database, each segment as one import except the ones it
+/// holds already, which are compared with its history instead, the marker moved on as it goes
+/// (`standby_apply.rs`); a follower's copy, each revision as committed (`copy.rs`).
+#[async_trait::async_trait]
+pub(crate) trait Target: Send {
+    /// Applies the records of segment `object` (revisions `first..=end`; the versions after
+    /// `end` are left out already) to the store; returns the versions applied.
+    async fn apply(
+        &mut self,
+        object: &str,
+        records: Vec<Record>,
+        first: Revision,
+        end: Revision,
+    ) -> anyhow::Result<usize>;
+
+    /// The segment whose ETag is `etag` was applied, and took the store to `done`.
+    async fn applied(&mut self, _done: &Restored, _etag: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 /// One store the segments go to, with where it is.
 pub(crate) struct Sink<'a> {
-    pub target: Target<'a>,
+    pub target: &'a mut dyn Target,
     pub done: &'a mut Restored,
     /// Revisions after this one are not applied (point in time).
     pub until: Revision,
@@ -53,7 +75,7 @@ pub(crate) struct Sink<'a> {
 }
 
 impl<'a> Sink<'a> {
-    pub fn new(target: Target<'a>, done: &'a mut Restored, until: Revision) -> Sink<'a> {
+    pub fn new(target: &'a mut dyn Target, done: &'a mut Restored, until: Revision) -> Sink<'a> {
         Sink { target, done, until, failed: None, next_terms: NextTerms::default() }
     }
 
@@ -132,10 +154,6 @@ fn fetch<'a>(
     })
 }
 
-fn e(err: kine_core::Error) -> anyhow::Error {
-    anyhow::anyhow!("{err}")
-}
-
 /// Applies the segments `names` (sorted) to each sink in order, each from after its own
 /// position, up to its `until`. A sink that fails keeps the error in `failed` and takes no more
 /// segments; the others go on. Each segment is fetched once (`FETCH_AHEAD` at a time: a
@@ -175,7 +193,7 @@ pub(crate) async fn apply_to(
     names: &[(u64, u64)],
     done: &mut Restored,
     until: Revision,
-    target: Target<'_>,
+    target: &mut dyn Target,
 ) -> anyhow::Result<()> {
     let mut sinks = [Sink::new(target, done, until)];
     apply_segments(store, names, &Given::new(), &mut sinks, false).await;
@@ -255,76 +273,9 @@ async fn offer(
         .filter(|r| !matches!(r, Record::Version { revision, .. } if *revision > end))
         .cloned()
         .collect();
-    done.versions += match &mut sink.target {
-        Target::Import(backend) => apply(*backend, records, end).await?,
-        Target::Standby(backend, _) => standby_apply(*backend, object, records, segment.first_revision, end).await?,
-        Target::Copy(replica, leases) => crate::copy::apply_committed(replica, leases, records, end).await?,
-    };
+    done.versions += sink.target.apply(object, records, segment.first_revision, end).await?;
     (done.revision, done.last_segment) = (end, name);
     done.segments += 1;
-    if let Target::Standby(_, marking) = &mut sink.target {
-        marking.applied(done, etag).await?;
-    }
-    Ok(())
-}
-
-/// Applies a segment (revisions `first..=end`) to a follower's local database, which may hold
-/// it already: its import (versions and leases) is atomic, and its compaction and users come
-/// after it, so a segment the database holds is checked against its history and, if it is the
-/// newest it holds, its compaction and users are applied again (both idempotent). A segment
-/// without revisions that ends at the newest revision held is applied again whole (its lease
-/// changes are idempotent too).
-async fn standby_apply(
-    local: &dyn Backend,
-    object: &str,
-    records: Vec<Record>,
-    first: Revision,
-    end: Revision,
-) -> anyhow::Result<usize> {
-    let held = local.revisions().await.map_err(e)?.current;
-    let advances = end >= first;
-    if advances && end <= held {
-        same_history(local, object, &records, first, end).await?;
-        if end == held {
-            let rest = records.into_iter().filter(|r| !matches!(r, Record::Version { .. })).collect();
-            apply(local, rest, end).await?;
-        }
-        return Ok(0);
-    }
-    if end < held {
-        return Ok(0);
-    }
-    if first <= held && advances {
-        return Err(Unfollowable(format!(
-            "the local database holds revisions {first}..{held} that {object} (up to {end}) has too: it holds \
-             another history"
-        ))
-        .into());
-    }
-    apply(local, records, end).await
-}
-
-/// Whether `local`'s history of revisions `first..=end` is `records`' versions.
-async fn same_history(
-    local: &dyn Backend,
-    object: &str,
-    records: &[Record],
-    first: Revision,
-    end: Revision,
-) -> anyhow::Result<()> {
-    let differs = || {
-        Unfollowable(format!(
-            "the local database's revisions {first}..{end} are not those of {object}: it holds another history"
-        ))
-    };
-    let held = local.events(&KeyRange::all(), first - 1, end).await.map_err(|_| differs())?;
-    let held: Vec<Record> = held
-        .into_iter()
-        .flat_map(|c| c.events.into_iter().enumerate().map(move |(sub, ev)| crate::ship::record(c.revision, sub, ev)))
-        .collect();
-    let shipped: Vec<&Record> = records.iter().filter(|r| matches!(r, Record::Version { .. })).collect();
-    if held.len() != shipped.len() || held.iter().zip(shipped).any(|(a, b)| a != b) {
-        return Err(differs().into());
-    }
+    sink.target.applied(done, etag).await?;
     Ok(())
 }

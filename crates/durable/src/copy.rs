@@ -12,9 +12,9 @@
 //! (`standby.rs`), the segments each round fetched go to a task of its own that applies them to
 //! that database after the round: reads wait for the copy only.
 
-use crate::apply::{Given, Sink, Target, apply_segments};
+use crate::apply::{Given, Restored, Sink, Target, apply_segments};
 use crate::manifest;
-use crate::restore::{Restored, restore_checkpoint, segments_after};
+use crate::restore::{restore_checkpoint, segments_after};
 use crate::segment::Record;
 use crate::standby::{Batch, Standby};
 use kine_core::backend::{Backend, LeaseUpdate, Replication};
@@ -131,8 +131,8 @@ impl Copy {
         let from = position.last_segment;
         let names = segments_after(self.store.as_ref(), from).await?;
         let feeding = self.feeder.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|f| f.batches.clone());
-        let target = Target::Copy(self.replica.as_ref(), &self.leases);
-        let mut sinks = [Sink::new(target, position, Revision::MAX)];
+        let mut target = Committing { replica: self.replica.as_ref(), leases: &self.leases };
+        let mut sinks = [Sink::new(&mut target, position, Revision::MAX)];
         let fetched = apply_segments(self.store.as_ref(), &names, &Given::new(), &mut sinks, feeding.is_some()).await;
         if let Some(batches) = feeding.filter(|_| !fetched.is_empty()) {
             // A full queue: the task finds the gap and fetches these itself.
@@ -207,9 +207,28 @@ impl Copy {
     }
 }
 
+/// The copy as where segments are applied: each revision as committed ([`apply_committed`]).
+struct Committing<'a> {
+    replica: &'a MemoryBackend,
+    leases: &'a broadcast::Sender<LeaseUpdate>,
+}
+
+#[async_trait::async_trait]
+impl Target for Committing<'_> {
+    async fn apply(
+        &mut self,
+        _object: &str,
+        records: Vec<Record>,
+        _first: Revision,
+        end: Revision,
+    ) -> anyhow::Result<usize> {
+        apply_committed(self.replica, self.leases, records, end).await
+    }
+}
+
 /// Applies one segment's records to the copy, each revision as it was committed (so that the
 /// change log and the watchers get its events); leases, compaction and auth as they come.
-pub(crate) async fn apply_committed(
+async fn apply_committed(
     replica: &MemoryBackend,
     leases: &broadcast::Sender<LeaseUpdate>,
     records: Vec<Record>,

@@ -5,12 +5,13 @@
 //! hands over to the [`Runner`], which ships. The lock is renewed from the start; once another
 //! node has it, this one stops.
 
+use crate::apply::Restored;
 use crate::checkpoint;
 use crate::keeper::{Held, Keeper};
 use crate::lock::{Contender, Holder, Status};
 use crate::manifest::{self, Manifest};
-use crate::restore::Restored;
-pub use crate::runner::Runner;
+pub use crate::options::Options;
+use crate::runner::{Flush, Runner};
 use crate::segment::{self, Record, Segment};
 use crate::ship::Shipper;
 use crate::standby::{Holds, Standby};
@@ -19,27 +20,7 @@ use kine_core::backend::Backend;
 use kine_objstore::ObjectStore;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot, watch};
-
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// A change is in object storage at most this long after it was committed.
-    pub ship_interval: Duration,
-    pub checkpoint_interval: Duration,
-    /// A checkpoint is also written once this many segments were shipped since the last one.
-    pub checkpoint_segments: u64,
-    /// The writer lock's lease.
-    pub lease: Duration,
-    /// Names this node in the writer lock.
-    pub node: String,
-    pub address: String,
-    /// With `--s3-sync`: the longest a linearizable read waits for the upload of a change it saw
-    /// (`--request-timeout`); then it fails as etcd's do without a quorum.
-    pub read_wait: Duration,
-}
-
-/// A request to have everything committed before it shipped; answered once it is.
-pub(crate) type Flush = oneshot::Sender<()>;
+use tokio::sync::{mpsc, watch};
 
 /// What the running node offers the backend wrapper.
 #[derive(Clone)]
@@ -51,7 +32,7 @@ pub struct Handle {
     pub held: watch::Receiver<Held>,
 }
 
-pub(crate) fn e(err: kine_core::Error) -> anyhow::Error {
+fn e(err: kine_core::Error) -> anyhow::Error {
     anyhow::anyhow!("{err}")
 }
 

@@ -6,6 +6,7 @@
 //! the core `Backend` API's import (the one `kine-rs migrate` uses), so revisions, sub
 //! revisions and the compact revision are kept.
 
+pub use crate::apply::Restored;
 use crate::apply::{Target, apply_to};
 use crate::checkpoint::Parts;
 use crate::manifest;
@@ -15,20 +16,20 @@ use kine_core::txn::{Import, ImportedVersion, WriteOp};
 use kine_core::{Event, EventKind, KeyValue, LeaseId, Revision};
 use kine_objstore::ObjectStore;
 
-/// What a restore did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Restored {
-    /// The store's revision afterwards.
-    pub revision: Revision,
-    /// The checkpoint started from, if any.
-    pub checkpoint: Option<Revision>,
-    pub segments: usize,
-    pub versions: usize,
-    /// The last segment applied: (term, number).
-    pub last_segment: (u64, u64),
-    /// Segments skipped: uploaded by a writer after the next term had started (see
-    /// `apply.rs`).
-    pub zombies: usize,
+/// A store being restored: each segment as one import.
+struct Importing<'a>(&'a dyn Backend);
+
+#[async_trait::async_trait]
+impl Target for Importing<'_> {
+    async fn apply(
+        &mut self,
+        _object: &str,
+        records: Vec<Record>,
+        _first: Revision,
+        end: Revision,
+    ) -> anyhow::Result<usize> {
+        apply(self.0, records, end).await
+    }
 }
 
 fn e(err: kine_core::Error) -> anyhow::Error {
@@ -96,7 +97,7 @@ pub async fn restore(
     let until = until.unwrap_or(Revision::MAX);
     let mut done = restore_checkpoint(store, target, until).await?;
     let names = segments_after(store, done.last_segment).await?;
-    apply_to(store, &names, &mut done, until, Target::Import(target)).await?;
+    apply_to(store, &names, &mut done, until, &mut Importing(target)).await?;
     if until != Revision::MAX && done.revision < until {
         anyhow::bail!("revision {until} was never shipped: the newest is {}", done.revision);
     }

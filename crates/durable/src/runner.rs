@@ -7,7 +7,7 @@
 use crate::checkpoint;
 use crate::keeper::{Held, Keeper};
 use crate::manifest;
-use crate::node::{Flush, Options, e};
+use crate::options::Options;
 use crate::segment;
 use crate::ship::{Position, Shipper};
 use kine_core::Revision;
@@ -15,7 +15,10 @@ use kine_core::backend::Backend;
 use kine_objstore::ObjectStore;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// A request to have everything committed before it shipped; answered once it is.
+pub(crate) type Flush = oneshot::Sender<()>;
 
 pub struct Runner {
     pub(crate) store: Arc<dyn ObjectStore>,
@@ -28,6 +31,10 @@ pub struct Runner {
     pub(crate) term: u64,
     /// Segments shipped since the newest checkpoint (by any term).
     pub(crate) segments: u64,
+}
+
+fn e(err: kine_core::Error) -> anyhow::Error {
+    anyhow::anyhow!("{err}")
 }
 
 /// A checkpoint being written, aborted if dropped (the node stops, or lost the lock).

@@ -12,17 +12,17 @@
 //! store, checked as today) or another store's (refused). The marker goes once the node writes
 //! the database: from then on it is the store.
 
-use crate::apply::{Decoded, Given, Sink, Target, Unfollowable, apply_segments, apply_to};
+use crate::apply::{Decoded, Given, Restored, Sink, Unfollowable, apply_segments, apply_to};
 use crate::manifest::{self, Manifest};
 use crate::marker::{self, Marker};
-use crate::restore::{Restored, restore_checkpoint, segments_after};
+use crate::restore::{restore_checkpoint, segments_after};
 use crate::segment;
+use crate::standby_apply::{Local, Marking};
 use kine_core::Revision;
 use kine_core::backend::Backend;
 use kine_objstore::ObjectStore;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// Empties the local database: closes the one given, removes its files, opens a new one.
@@ -31,9 +31,6 @@ pub type Reset = Arc<
         + Send
         + Sync,
 >;
-
-/// The marker is moved on at most this often while segments are applied.
-const MARK_EVERY: Duration = Duration::from_secs(1);
 
 /// What the local database holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,35 +44,6 @@ pub enum Holds {
     Prefix(Restored),
     /// A follower's database that cannot go on from where it is (why): emptied before use.
     Stale(String),
-}
-
-/// The marker as the segments are applied (`apply.rs`).
-pub(crate) struct Marking {
-    path: PathBuf,
-    marker: Marker,
-    written: Option<Instant>,
-    dirty: bool,
-}
-
-impl Marking {
-    /// Records that `done` was reached with the segment whose ETag is `etag`; written when due.
-    pub(crate) async fn applied(&mut self, done: &Restored, etag: &str) -> anyhow::Result<()> {
-        (self.marker.segment, self.marker.etag) = (Some(done.last_segment), Some(etag.to_string()));
-        self.marker.revision = done.revision;
-        self.dirty = true;
-        if self.written.is_none_or(|at| at.elapsed() >= MARK_EVERY) {
-            self.flush().await?;
-        }
-        Ok(())
-    }
-
-    async fn flush(&mut self) -> anyhow::Result<()> {
-        if self.dirty {
-            marker::write(&self.path, &self.marker).await?;
-            (self.dirty, self.written) = (false, Some(Instant::now()));
-        }
-        Ok(())
-    }
 }
 
 /// The segments a follower's round fetched (`copy.rs`), listed after the copy's position `from`,
@@ -114,7 +82,7 @@ impl Standby {
     /// The local database `backend`, its marker at `marker` (`marker::path_for`), and how to
     /// empty it.
     pub fn new(backend: Arc<dyn Backend>, marker: PathBuf, reset: Reset) -> Standby {
-        let marking = Marking { path: marker, marker: Marker::new(0, 0), written: None, dirty: false };
+        let marking = Marking::new(marker);
         Standby { backend, reset, marking, holds: Holds::Nothing, examined: false, failing: false }
     }
 
@@ -225,7 +193,8 @@ impl Standby {
         let Standby { backend, marking, holds: Holds::Prefix(done), .. } = self else { unreachable!() };
         let before = done.segments;
         let names = segments_after(store, done.last_segment).await?;
-        apply_to(store, &names, done, Revision::MAX, Target::Standby(backend.as_ref(), marking)).await?;
+        let mut local = Local { backend: backend.as_ref(), marking };
+        apply_to(store, &names, done, Revision::MAX, &mut local).await?;
         let held = backend.revisions().await.map_err(e)?.current;
         if held != done.revision {
             return Err(Unfollowable(format!(
@@ -269,7 +238,8 @@ impl Standby {
             batch.names
         };
         let given: Given = batch.fetched.into_iter().collect();
-        let mut sinks = [Sink::new(Target::Standby(&**backend, marking), done, Revision::MAX)];
+        let mut local = Local { backend: &**backend, marking };
+        let mut sinks = [Sink::new(&mut local, done, Revision::MAX)];
         apply_segments(store, &names, &given, &mut sinks, false).await;
         let failed = sinks[0].failed.take();
         self.after_round(failed);

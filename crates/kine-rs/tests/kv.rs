@@ -245,3 +245,27 @@ async fn a_response_leaves_in_one_write() {
         assert!(writes <= gets + gets / 10, "{writes} writes for {gets} gets of {size}-byte values");
     }
 }
+
+/// A put with `ignore_value` on a missing key naming a missing lease: a Put RPC answers that
+/// the lease is missing (every etcd version); in a Txn etcd 3.6 answers that the key is, etcd
+/// 3.7 that the lease is (it checks the lease first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_on_a_missing_key_and_lease_fails_as_the_emulated_version_does() {
+    let lease_missing = (tonic::Code::NotFound, "etcdserver: requested lease not found".to_string());
+    let key_missing = (tonic::Code::InvalidArgument, "etcdserver: key not found".to_string());
+    for (version, in_txn) in [("3.7.3", &lease_missing), ("3.6.16", &key_missing)] {
+        let (server, _dir) = sqlite_server(&["--emulated-etcd-version", version]);
+        let mut c = server.client().await;
+        let put = || PutOptions::new().with_ignore_value().with_lease(4242);
+        assert_eq!(code(&c.put("missing", "", Some(put())).await.unwrap_err()), lease_missing, "{version}: Put");
+        let txn = Txn::new().and_then([TxnOp::put("missing", "", Some(put()))]);
+        assert_eq!(code(&c.txn(txn).await.unwrap_err()), *in_txn, "{version}: Txn");
+        // In a nested Txn of the branch taken (the compare fails: the failure branch).
+        let inner = Txn::new().and_then([TxnOp::put("missing", "", Some(put()))]);
+        let outer = Txn::new().when([Compare::version("x", CompareOp::Greater, 5)]).or_else([TxnOp::txn(inner)]);
+        assert_eq!(code(&c.txn(outer).await.unwrap_err()), *in_txn, "{version}: nested Txn");
+        // Only the missing key: every version says so.
+        let txn = Txn::new().and_then([TxnOp::put("missing", "", Some(PutOptions::new().with_ignore_value()))]);
+        assert_eq!(code(&c.txn(txn).await.unwrap_err()), key_missing, "{version}: Txn, key only");
+    }
+}

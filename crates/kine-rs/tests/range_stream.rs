@@ -162,3 +162,25 @@ async fn emulating_etcd_3_6_serves_no_range_stream() {
     let status = server.client().await.status().await.unwrap();
     assert_eq!((status.version(), status.storage_version()), ("3.7.3", "3.7.0"));
 }
+
+/// etcd 3.7 answers a keys-only range from its index, without leases, unless it is sorted by
+/// value (then from the stored values, leases included): plain and as a RangeStream alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_only_sorted_by_value_keeps_leases_as_etcd_3_7() {
+    let (server, _dir) = sqlite_server(&[]);
+    let mut c = server.client().await;
+    let lease = c.lease_grant(600, None).await.unwrap().id();
+    c.put("/l/a", "2", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    c.put("/l/b", "1", None).await.unwrap();
+    let keys_only = || GetOptions::new().with_prefix().with_keys_only();
+    let by_value = || keys_only().with_sort(SortTarget::Value, SortOrder::Ascend);
+    let leases = |r: &GetResponse| r.kvs().iter().map(|kv| (kv.key().to_vec(), kv.lease())).collect::<Vec<_>>();
+    let unary = c.get("/l/", Some(by_value())).await.unwrap();
+    assert_eq!(leases(&unary), vec![(b"/l/b".to_vec(), 0), (b"/l/a".to_vec(), lease)]);
+    let parts = stream(&mut c, "/l/", Some(by_value().with_sort(SortTarget::Value, SortOrder::None))).await;
+    // etcd 3.7 takes only SortOrder NONE in a RangeStream (the parts are sorted by value).
+    let streamed: Vec<_> = parts.unwrap().iter().flat_map(leases).collect();
+    assert_eq!(streamed, vec![(b"/l/b".to_vec(), 0), (b"/l/a".to_vec(), lease)]);
+    let plain = c.get("/l/", Some(keys_only())).await.unwrap();
+    assert_eq!(leases(&plain), vec![(b"/l/a".to_vec(), 0), (b"/l/b".to_vec(), 0)], "the index's answer: lease 0");
+}

@@ -12,7 +12,8 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
         Error::Compacted { .. } => etcd(Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted"),
         Error::FutureRevision => etcd(Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision"),
         Error::EmptyKey => etcd(Code::InvalidArgument, "etcdserver: key is not provided"),
-        Error::KeyNotFound => etcd(Code::InvalidArgument, "etcdserver: key not found"),
+        // etcd 3.6's order; a Txn emulating 3.7 answers LeaseNotFound instead (`kv.rs`).
+        Error::KeyNotFound | Error::KeyAndLeaseNotFound => etcd(Code::InvalidArgument, "etcdserver: key not found"),
         Error::ValueProvided => etcd(Code::InvalidArgument, "etcdserver: value is provided"),
         Error::LeaseProvided => etcd(Code::InvalidArgument, "etcdserver: lease is provided"),
         Error::InvalidSortOption => etcd(Code::InvalidArgument, "etcdserver: invalid sort option"),

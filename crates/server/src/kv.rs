@@ -29,7 +29,7 @@ impl pb::kv_server::Kv for KvService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
         let who = caller(&self.0, &request)?;
         let request = request.into_inner();
-        let keys_only = request.keys_only;
+        let drop_lease = crate::emulation::drops_lease(&request);
         let req = convert::range_request(request).map_err(status)?;
         if who != Caller::Anyone {
             validate::range(&req).map_err(status)?;
@@ -38,7 +38,7 @@ impl pb::kv_server::Kv for KvService {
         let r = self.0.store.range(req).await.map_err(status)?;
         let mut response = self.0.headers.range_response(r.value, r.revision);
         if self.0.config.keys_only_without_lease() {
-            crate::emulation::range(keys_only, &mut response.kvs);
+            crate::emulation::range(drop_lease, &mut response.kvs);
         }
         Ok(Response::new(response))
     }
@@ -63,7 +63,7 @@ impl pb::kv_server::Kv for KvService {
             validate::put(&req).map_err(status)?;
             self.0.store.auth().check_put(&who, &req).await.map_err(status)?;
         }
-        let r = self.0.store.put(req).await.map_err(status)?;
+        let r = self.0.store.put(req).await.map_err(|e| status(crate::emulation::lease_first(e)))?;
         Ok(Response::new(self.0.headers.put_response(r.value, r.revision)))
     }
 
@@ -94,7 +94,13 @@ impl pb::kv_server::Kv for KvService {
             validate::txn(&req).map_err(status)?;
             self.0.store.auth().check_txn(&who, &req).await.map_err(status)?;
         }
-        let r = self.0.store.txn(req).await.map_err(status)?;
+        let lease_first = self.0.config.txn_checks_lease_first();
+        let r = self
+            .0
+            .store
+            .txn(req)
+            .await
+            .map_err(|e| status(if lease_first { crate::emulation::lease_first(e) } else { e }))?;
         let mut response = self.0.headers.txn_response(r.value, r.revision);
         if let Some(original) = original {
             crate::emulation::txn(&original, &mut response);

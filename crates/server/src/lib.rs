@@ -74,6 +74,11 @@ impl ServerConfig {
         self.version() >= EtcdVersion(3, 7, 0)
     }
 
+    /// etcd 3.7 checks a Txn put's lease before its key (`emulation::lease_first`).
+    pub fn txn_checks_lease_first(&self) -> bool {
+        self.version() >= EtcdVersion(3, 7, 0)
+    }
+
     /// `storageVersion` of Status: etcd reports its cluster's `MAJOR.MINOR.0`.
     pub fn storage_version(&self) -> String {
         let EtcdVersion(major, minor, _) = self.version();

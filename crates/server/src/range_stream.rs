@@ -22,7 +22,7 @@ pub async fn serve(ctx: &Context, who: &Caller, request: pb::RangeRequest) -> Re
         let unknown = "unknown method RangeStream for service etcdserverpb.KV";
         return Err(status(kine_core::Error::Unsupported(unknown.into())));
     }
-    let drop_lease = request.keys_only && ctx.config.keys_only_without_lease();
+    let drop_lease = crate::emulation::drops_lease(&request) && ctx.config.keys_only_without_lease();
     let req = convert::range_request(request).map_err(status)?;
     if *who != Caller::Anyone {
         kine_core::validate::range(&req).map_err(status)?;

@@ -161,6 +161,54 @@ impl Gen {
         pb::TxnRequest { compare: compares, success, failure }
     }
 
+    /// A keys-only range sorted by value (etcd 3.7 answers it from the stored values, leases
+    /// included; other keys-only ranges from its index, with lease 0).
+    fn keys_only_by_value(&mut self, k: Known) -> pb::RangeRequest {
+        let mut r = self.range(k);
+        r.keys_only = true;
+        r.count_only = false;
+        r.sort_target = pb::range_request::SortTarget::Value as i32;
+        if self.chance(50) {
+            r.range_end = vec![0];
+        }
+        r
+    }
+
+    /// A put with `ignore_value` or `ignore_lease` on a key that may not exist, naming a lease
+    /// that may not exist (which error comes first differs between etcd versions in a Txn).
+    fn put_on_missing(&mut self) -> pb::PutRequest {
+        let ignore_value = self.chance(60);
+        pb::PutRequest {
+            key: if self.chance(70) { b"never".to_vec() } else { self.key() },
+            value: Vec::new(),
+            lease: if self.chance(70) { 4242 } else { self.lease() },
+            prev_kv: self.chance(40),
+            ignore_value,
+            ignore_lease: !ignore_value || self.chance(30),
+        }
+    }
+
+    /// A Txn (maybe nested) whose branch holds such a put, or a keys-only range by value.
+    fn txn_of_edge_cases(&mut self, k: Known, depth: u32) -> pb::TxnRequest {
+        use pb::request_op::Request;
+        let mut ops = Vec::new();
+        for _ in 0..1 + self.below(2) {
+            let request = match self.below(if depth < 1 { 4 } else { 3 }) {
+                0 => Request::RequestPut(self.put_on_missing()),
+                1 => Request::RequestRange(self.keys_only_by_value(k)),
+                2 => self.request_op(k, depth + 1).request.expect("an op"),
+                _ => Request::RequestTxn(self.txn_of_edge_cases(k, depth + 1)),
+            };
+            ops.push(pb::RequestOp { request: Some(request) });
+        }
+        let compare = (0..self.below(2)).map(|_| self.compare(k)).collect();
+        if self.chance(50) {
+            pb::TxnRequest { compare, success: ops, failure: Vec::new() }
+        } else {
+            pb::TxnRequest { compare, success: Vec::new(), failure: ops }
+        }
+    }
+
     /// A Txn of `n` puts of distinct keys (`n` > 128 is refused by etcd).
     fn big_txn(&mut self, n: usize) -> pb::TxnRequest {
         use pb::request_op::Request;
@@ -184,7 +232,8 @@ impl Gen {
             self.clear = Some((left - 1, alarm));
         }
         match self.below(100) {
-            0..=14 => Op::Range(self.range(k)),
+            0..=11 => Op::Range(self.range(k)),
+            12..=14 => Op::Range(self.keys_only_by_value(k)),
             15..=19 => {
                 let mut r = self.range(k);
                 // etcd 3.7 sorts each part by a non-key target when the order is NONE, with Go's
@@ -195,9 +244,11 @@ impl Gen {
                 }
                 Op::RangeStream(r)
             }
-            20..=39 => Op::Put(self.put()),
+            20..=37 => Op::Put(self.put()),
+            38..=39 => Op::Put(self.put_on_missing()),
             40..=47 => Op::Delete(self.delete()),
-            48..=72 => Op::Txn(self.txn(k, 0)),
+            48..=67 => Op::Txn(self.txn(k, 0)),
+            68..=72 => Op::Txn(self.txn_of_edge_cases(k, 0)),
             73 => {
                 let n = if self.chance(50) { 128 } else { 129 };
                 Op::Txn(self.big_txn(n))
