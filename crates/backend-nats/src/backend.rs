@@ -20,6 +20,7 @@ mod copy;
 mod direct;
 mod fence;
 mod foreign;
+mod import;
 mod layout;
 mod leader;
 mod local;

@@ -9,7 +9,7 @@
 //! A member's message sequence then differs from its version's mod revision; conditional
 //! writes and compaction address messages, so [`MessageSeqs`] remembers those sequences.
 
-use kine_core::{Event, EventKind, Revision};
+use kine_core::{Event, Revision};
 use std::collections::BTreeMap;
 
 /// Changes ready to apply at one revision: `(message sequence, event)` each.
@@ -33,10 +33,8 @@ impl Ready {
                 if seq != revision {
                     seqs.record(&event.kv.key, revision, seq);
                 }
+                // (A creation's create revision is the batch's revision already, `message::decode`.)
                 event.kv.mod_revision = revision;
-                if event.kind == EventKind::Put && event.kv.version == 1 {
-                    event.kv.create_revision = revision;
-                }
                 event
             })
             .collect()
@@ -171,7 +169,7 @@ impl MessageSeqs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kine_core::KeyValue;
+    use kine_core::{EventKind, KeyValue};
 
     fn put(key: &str, version: i64, seq: Revision) -> Event {
         Event {
@@ -186,7 +184,8 @@ mod tests {
         let mut a = Assembler::default();
         let mut seqs = MessageSeqs::default();
         assert!(a.passed(5).is_none());
-        assert!(a.push(5, put("a", 1, 5), (1, 3)).is_empty());
+        // Creations carry the batch revision as create revision (`message::decode`).
+        assert!(a.push(5, put("a", 1, 7), (1, 3)).is_empty());
         assert_eq!(a.applied_limit(), Some(4));
         assert!(a.push(6, put("b", 2, 6), (2, 3)).is_empty());
         let ready = a.push(7, put("c", 1, 7), (3, 3));
@@ -194,7 +193,6 @@ mod tests {
         assert_eq!(a.applied_limit(), None);
         let events = ready.into_iter().next().unwrap().into_events(&mut seqs);
         let revs: Vec<_> = events.iter().map(|e| (e.kv.mod_revision, e.kv.create_revision)).collect();
-        // Creations take the batch revision as create revision; an update keeps its own.
         assert_eq!(revs, vec![(7, 7), (7, 6), (7, 7)]);
         assert_eq!((seqs.get(b"a", 7), seqs.get(b"b", 7), seqs.get(b"c", 7)), (5, 6, 7));
         assert_eq!(seqs.len(), 2);

@@ -7,6 +7,9 @@
 //! marked `Kine-Batch: i/n`; all its changes take the revision of the batch's last message.
 //! The stream's first message, on [`INIT_TOKEN`], marks a bucket written by kine-rs; its
 //! sequence is revision 1, so the first etcd write gets revision 2, as in etcd.
+//! A message on [`FILL_TOKEN`] (no payload, no headers of kine-rs's) is a revision at which
+//! nothing changed: `kine-rs migrate` writes them so that another store's versions land on
+//! their own revisions (docs/nats.md, "Fillers"); compaction removes them.
 
 use crate::codec;
 use async_nats::HeaderMap;
@@ -15,11 +18,16 @@ use kine_core::{Event, EventKind, KeyValue, Revision};
 
 /// The subject token of the init marker; `codec::encode_key` never produces `~`.
 pub const INIT_TOKEN: &str = "~init";
+/// The subject token of a filler: a revision with no change.
+pub const FILL_TOKEN: &str = "~fill";
 const CREATE: &str = "Kine-Create";
 const VERSION: &str = "Kine-Version";
 const LEASE: &str = "Kine-Lease";
 const OPERATION: &str = "KV-Operation";
 const BATCH: &str = "Kine-Batch";
+/// On an imported version 1 whose create revision is not its own revision (a Go kine key whose
+/// earlier versions were compacted): `Kine-Create` is kept as written.
+const CREATE_KEPT: &str = "Kine-Create-Kept";
 
 pub fn subject(bucket: &str, key: &[u8]) -> String {
     format!("$KV.{bucket}.{}", codec::encode_key(key))
@@ -54,6 +62,10 @@ pub fn init_subject(bucket: &str) -> String {
     format!("$KV.{bucket}.{INIT_TOKEN}")
 }
 
+pub fn fill_subject(bucket: &str) -> String {
+    format!("$KV.{bucket}.{FILL_TOKEN}")
+}
+
 /// Headers and payload for one change.
 pub fn encode(event: &Event) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
@@ -71,6 +83,16 @@ pub fn encode(event: &Event) -> (HeaderMap, Bytes) {
             (headers, Bytes::new())
         }
     }
+}
+
+/// Headers and payload for another store's version at `revision` (an import): as [`encode`],
+/// and a version 1 whose create revision is not `revision` keeps it (`Kine-Create-Kept`).
+pub fn encode_imported(event: &Event, revision: Revision) -> (HeaderMap, Bytes) {
+    let (mut headers, payload) = encode(event);
+    if event.kind == EventKind::Put && event.kv.version == 1 && event.kv.create_revision != revision {
+        headers.insert(CREATE_KEPT, "1");
+    }
+    (headers, payload)
 }
 
 /// The id a write's message carries (`Nats-Msg-Id`, see the backend's `sent.rs`).
@@ -95,6 +117,8 @@ pub fn batch_position(headers: Option<&HeaderMap>) -> Option<(i64, i64)> {
 #[derive(Debug)]
 pub enum Decoded {
     Init,
+    /// A filler: a revision with no change.
+    Fill,
     Change(Event),
     /// A message kine-rs did not write (another program's key, or kine's format).
     Foreign(String),
@@ -107,6 +131,9 @@ pub fn decode(bucket: &str, subject: &str, headers: Option<&HeaderMap>, payload:
     };
     if tokens == INIT_TOKEN {
         return Decoded::Init;
+    }
+    if tokens == FILL_TOKEN {
+        return Decoded::Fill;
     }
     let Some(key) = codec::decode_key(tokens) else {
         return Decoded::Foreign(format!("subject {subject} is not a kine-rs key"));
@@ -121,9 +148,14 @@ pub fn decode(bucket: &str, subject: &str, headers: Option<&HeaderMap>, payload:
     let (Some(create_revision), Some(version)) = (number(CREATE), number(VERSION)) else {
         return Decoded::Foreign(format!("message {seq} on {subject} has no kine-rs headers"));
     };
-    // A creation's create revision is its own revision, which the writer could not know (other
-    // nodes may have written in between).
-    let create_revision = if version == 1 { seq } else { create_revision };
+    // A creation's create revision is its own revision (its own sequence, or its batch's last),
+    // which the writer could not know (other nodes may have written in between); an imported
+    // version says when it keeps the one it carries.
+    let create_revision = if version == 1 && header(CREATE_KEPT).is_none() {
+        batch_position(headers).map_or(seq, |(i, n)| seq - i + n)
+    } else {
+        create_revision
+    };
     let kv = KeyValue {
         key,
         create_revision,
@@ -165,6 +197,10 @@ mod tests {
         let Decoded::Change(got) = decode("kine", &subject("kine", b"k"), Some(&h), &p, 10) else { panic!() };
         assert_eq!(got, del);
         assert!(matches!(decode("kine", &init_subject("kine"), None, b"", 1), Decoded::Init));
+        assert_eq!(fill_subject("kine"), "$KV.kine.~fill");
+        assert!(matches!(decode("kine", &fill_subject("kine"), None, b"", 6), Decoded::Fill));
+        // Another bucket's filler is not this one's.
+        assert!(matches!(decode("kine", &fill_subject("other"), None, b"", 6), Decoded::Foreign(_)));
         // A creation takes its create revision from its own sequence.
         let (h, p) = encode(&Event {
             kind: EventKind::Put,
@@ -180,6 +216,28 @@ mod tests {
         });
         let Decoded::Change(got) = decode("kine", &subject("kine", b"n"), Some(&h), &p, 8) else { panic!() };
         assert_eq!((got.kv.create_revision, got.kv.mod_revision), (8, 8));
+        // A creation in a batch: the batch's revision (its last sequence).
+        let mut h2 = h.clone();
+        mark_batch(&mut h2, 0, 3);
+        let Decoded::Change(got) = decode("kine", &subject("kine", b"n"), Some(&h2), &p, 8) else { panic!() };
+        assert_eq!((got.kv.create_revision, got.kv.mod_revision), (10, 8));
+        // An imported version 1 created earlier keeps its create revision.
+        let kept = Event {
+            kind: EventKind::Put,
+            kv: KeyValue {
+                key: b"k".to_vec(),
+                create_revision: 3,
+                mod_revision: 9,
+                version: 1,
+                value: vec![],
+                lease: 0,
+            },
+            prev_kv: None,
+        };
+        let (h, p) = encode_imported(&kept, 9);
+        let Decoded::Change(got) = decode("kine", &subject("kine", b"k"), Some(&h), &p, 9) else { panic!() };
+        assert_eq!(got, kept);
+        assert!(encode_imported(&put, 9).0.get(CREATE_KEPT).is_none(), "only where needed");
         let mut h = HeaderMap::new();
         mark_batch(&mut h, 1, 3);
         assert_eq!(batch_position(Some(&h)), Some((2, 3)));

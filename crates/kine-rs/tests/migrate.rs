@@ -6,61 +6,13 @@
 mod common;
 #[path = "differential/etcd.rs"]
 mod etcd;
-use common::history::{load, watched};
+use common::answers::{Answers, answers, answers_of, migrate};
+use common::history::load;
 use common::*;
 use kine_testkit::mysql::MariaDbServer;
 use kine_testkit::nats::NatsServer;
 use kine_testkit::postgres::PgServer;
 use std::process::Command;
-
-/// `kine-rs migrate --from --to [extra]`: (success, stderr).
-fn migrate(from: &str, to: &str, extra: &[&str]) -> (bool, String) {
-    let (ok, _, err) = run(Command::new(server_bin()).args(["migrate", "--from", from, "--to", to]).args(extra));
-    (ok, err)
-}
-
-/// What a store answers, read through a kine-rs serving it.
-#[derive(Debug, PartialEq)]
-struct Answers {
-    revision: i64,
-    keys: Vec<Kv>,
-    at_compact: Vec<Kv>,
-    at_middle: Vec<Kv>,
-    history: Vec<common::history::Watched>,
-    below_compact: String,
-    leases: Vec<(i64, Vec<Vec<u8>>)>,
-    users: Vec<String>,
-}
-
-/// (Stopped gracefully afterwards: its member record withdrawn, a later copy into the same
-/// datastore is not refused.)
-async fn answers(endpoint: &str, compact: i64, middle: i64) -> Answers {
-    let mut server = Server::start(&["--endpoint", endpoint]);
-    let answers = answers_of(&mut server.client().await, compact, middle).await;
-    assert!(server.stop("TERM").await.success());
-    answers
-}
-
-async fn answers_of(c: &mut etcd_client::Client, compact: i64, middle: i64) -> Answers {
-    let (revision, keys) = everything(c).await;
-    let below = c.get("/registry/cm/00001", Some(etcd_client::GetOptions::new().with_revision(compact - 1))).await;
-    let mut leases = Vec::new();
-    for l in c.leases().await.unwrap().leases() {
-        let ttl =
-            c.lease_time_to_live(l.id(), Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys())).await.unwrap();
-        leases.push((l.id(), ttl.keys().to_vec()));
-    }
-    Answers {
-        revision,
-        keys,
-        at_compact: keys_at(c, compact).await,
-        at_middle: keys_at(c, middle).await,
-        history: watched(c, "/registry/", compact, revision).await,
-        below_compact: below.map(|_| "served".to_string()).unwrap_or_else(|e| e.to_string()),
-        leases,
-        users: c.user_list().await.unwrap().users().to_vec(),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_moves_between_every_sql_datastore_with_its_history() {
@@ -207,7 +159,6 @@ async fn a_target_holding_another_store_is_refused_untouched() {
 
     for (from_, to_, says) in [
         (from.as_str(), from.as_str(), "--from and --to name the same datastore"),
-        (from.as_str(), "nats://127.0.0.1:4222?noEmbed", "a NATS bucket's revisions are its stream's sequence numbers"),
         ("sqlite:///nonexistent/state.db", to.as_str(), "--from: cannot read it"),
     ] {
         let (ok, err) = migrate(from_, to_, &[]);

@@ -153,3 +153,17 @@ async fn a_go_kine_nats_bucket_moves_with_its_revisions() {
     };
     moves_with_its_revisions(&embedded, &to, Compaction::Nats, untouched).await;
 }
+
+/// k3s's SQLite into kine-rs's embedded NATS store: Go kine writes one change per revision, so
+/// every revision is kept in the bucket too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_kine_sqlite_database_moves_into_nats_with_its_revisions() {
+    let dir = TempDir::new("gokine-sqlite-nats");
+    let path = dir.path().join("state.db");
+    let endpoint =
+        format!("sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000&_txlock=immediate", path.display());
+    let store = TempDir::new("gokine-nats-store");
+    let to = format!("nats://?dataDir={}", store.path().display());
+    let untouched = || format!("{:?}", std::fs::read(&path).ok().map(|b| b.len()));
+    moves_with_its_revisions(&endpoint, &to, Compaction::Sql, untouched).await;
+}

@@ -59,12 +59,8 @@ impl Backend for NatsBackend {
             WriteOp::LeaseGrant { id, ttl } => self.inner.lease_grant(id, ttl).await,
             WriteOp::LeaseRevoke { id, expired } => self.inner.lease_revoke(id, expired).await,
             txn @ WriteOp::Txn(_) => self.inner.conditional_write(txn).await,
-            // A NATS revision is a stream sequence: versions cannot be written at revisions of
-            // their own.
-            WriteOp::Import(_) => Err(Error::Unsupported(
-                "kine-rs migrate cannot write into NATS (a bucket's revisions are its stream's sequence numbers)"
-                    .into(),
-            )),
+            // Written at sequences equal to their revisions (`import.rs`).
+            WriteOp::Import(import) => self.inner.import(import).await,
         }
     }
 

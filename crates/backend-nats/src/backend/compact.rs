@@ -1,6 +1,7 @@
 //! Compaction by purge: the compact revision is recorded in `<bucket>-meta`, then every key
 //! changed since the previous compaction loses its messages superseded at that revision (one
-//! purge per key, with a subject filter and a sequence), and the replica compacts in memory.
+//! purge per key, with a subject filter and a sequence), fillers (`message::FILL_TOKEN`, written
+//! by an import) at or below it go too, and the replica compacts in memory.
 //!
 //! A read-only copy applies its origin's compactions the same way once its replica holds the
 //! compact revision: a JetStream mirror does not repeat its origin's purges, so without this
@@ -32,7 +33,10 @@ impl Inner {
         };
         let record = || self.meta.put(meta::COMPACT_REVISION, revision.to_string().into());
         match timed("record the compact revision", record()).await {
-            Ok(_) => self.purge_superseded(plan, revision).await?,
+            Ok(_) => {
+                self.purge_superseded(plan, revision).await?;
+                self.purge_fillers(revision, current).await?;
+            }
             // JetStream at its storage limit refuses every publish, this small one too; the
             // purges need no room and make some. Compaction is how a user gets out of NOSPACE,
             // so it must work then: purge first, record after. (A crash between the two, while
@@ -40,6 +44,7 @@ impl Inner {
             Err(Error::Unavailable(text)) if super::write::stream_full(&text) => {
                 tracing::warn!(revision, "the NATS store is full: purging before the compact revision is recorded");
                 self.purge_superseded(plan, revision).await?;
+                self.purge_fillers(revision, current).await?;
                 timed("record the compact revision", record()).await?;
             }
             Err(e) => return Err(e),
@@ -53,15 +58,16 @@ impl Inner {
     /// holds, to the mirror and to the table. Nothing happens if it is applied already.
     pub(super) async fn follow_compaction(&self, revision: Revision) -> Result<()> {
         let _compaction = self.compaction.lock().await;
-        let plan = {
+        let (plan, current) = {
             let t = self.table();
             let Revisions { current, compacted } = t.revisions();
             if revision <= compacted || revision > current {
                 return Ok(());
             }
-            t.changed_keys_between(compacted, revision)
+            (t.changed_keys_between(compacted, revision), current)
         };
         self.purge_superseded(plan, revision).await?;
+        self.purge_fillers(revision, current).await?;
         self.compact_table(revision)?;
         tracing::debug!(revision, "applied the origin's compaction");
         Ok(())
@@ -73,6 +79,19 @@ impl Inner {
         if t.revisions().compacted < revision {
             t.compact(revision)?;
         }
+        Ok(())
+    }
+
+    /// Purges the fillers at or below `revision`, except the stream's last message (`current`,
+    /// the replica's revision): the stream's last sequence is what read barriers ask for.
+    async fn purge_fillers(&self, revision: Revision, current: Revision) -> Result<()> {
+        let keep_from = (revision + 1).min(current);
+        let subject = message::fill_subject(&self.stored);
+        timed(
+            "purge fillers",
+            std::future::IntoFuture::into_future(self.stream.purge().filter(subject).sequence(keep_from as u64)),
+        )
+        .await?;
         Ok(())
     }
 

@@ -108,7 +108,8 @@ fn take(
             Some(position) => ready.extend(batches.push(seq, event, position)),
             None => ready.push(Ready::single(seq, event)),
         },
-        Decoded::Init => marker = true,
+        // A revision at which nothing changed.
+        Decoded::Init | Decoded::Fill => marker = true,
         Decoded::Foreign(what) => {
             tracing::warn!(sequence = seq, "ignoring a message kine-rs did not write: {what}");
             marker = true;

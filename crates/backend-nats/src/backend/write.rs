@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 /// How a write is made conditional.
-enum Expect {
+pub(super) enum Expect {
     /// Each message carries its key's last sequence: the write read nothing but those keys.
     PerKey,
     /// The first message carries the stream's last sequence.
@@ -50,15 +50,17 @@ impl Inner {
         Ok((applied, base, expect, key_last))
     }
 
-    /// Publishes the messages of one write, the last carrying `id`. `key_last[i]` is the last
+    /// Publishes the messages of one write, the last carrying `id` (`imported`: another store's
+    /// versions at this revision, `message::encode_imported`). `key_last[i]` is the last
     /// revision of event `i`'s key when the write was evaluated. `None`: an expectation failed
     /// (or so an answer said, `sent.rs`).
-    async fn publish(
+    pub(super) async fn publish(
         &self,
         events: &[kine_core::Event],
         expect: Expect,
         key_last: &[Revision],
         id: &str,
+        imported: Option<Revision>,
     ) -> Result<Option<Revision>> {
         // Every subject checked before anything is sent: a batch is all or nothing.
         let subjects: Vec<String> = events.iter().map(|e| message::subject(&self.bucket, &e.kv.key)).collect();
@@ -72,7 +74,10 @@ impl Inner {
         let batch_id = (events.len() > 1).then(|| format!("kine-{:x}", kine_core::id::random_u64()));
         let mut ack = None;
         for (i, event) in events.iter().enumerate() {
-            let (mut headers, payload) = message::encode(event);
+            let (mut headers, payload) = match imported {
+                Some(revision) => message::encode_imported(event, revision),
+                None => message::encode(event),
+            };
             match &expect {
                 Expect::PerKey => {
                     headers.insert("Nats-Expected-Last-Subject-Sequence", key_last[i].to_string().as_str());
@@ -131,7 +136,7 @@ impl Inner {
     }
 
     /// Sends one message; the acknowledgement is awaited by the caller.
-    async fn send(
+    pub(super) async fn send(
         &self,
         subject: &str,
         headers: async_nats::HeaderMap,
@@ -174,7 +179,7 @@ struct Attempt<'a> {
 
 /// Why JetStream refused a message.
 #[derive(Debug, PartialEq, Eq)]
-enum Refusal {
+pub(super) enum Refusal {
     /// An expected last sequence did not hold: another writer came first.
     Expectation,
     /// A message with the same id is being stored (10158).
@@ -184,7 +189,7 @@ enum Refusal {
     Other,
 }
 
-fn refusal(e: &jetstream::context::PublishError) -> Refusal {
+pub(super) fn refusal(e: &jetstream::context::PublishError) -> Refusal {
     if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence {
         return Refusal::Expectation;
     }
@@ -309,7 +314,7 @@ impl Inner {
                 return Err(refusal);
             }
             let sent = inner.sent.register(&format!("kine-{:016x}", kine_core::id::random_u64()));
-            match inner.publish(&ev.events, expect, &key_last, &sent.id).await? {
+            match inner.publish(&ev.events, expect, &key_last, &sent.id, None).await? {
                 Some(seq) => return Ok(self.committed(applied.response, base, seq).await),
                 None => {
                     tracing::debug!("conditional write refused (another writer came first?); evaluating again");

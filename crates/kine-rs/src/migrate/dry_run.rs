@@ -23,7 +23,14 @@ enum Target {
 /// Reads `source` and `to`, prints the plan.
 pub async fn report(source: &dyn Backend, to: &str, cli: &Cli, current_only: bool, to_go_kine: bool) -> Result<()> {
     let s = source.revisions().await.map_err(e)?;
-    let base = if current_only { s.current } else { s.compacted.max(1) };
+    let mut base = if current_only { s.current } else { s.compacted.max(1) };
+    if !to_go_kine && matches!(endpoint::parse_as("--to", to), Ok(Endpoint::Nats(_))) {
+        // Into NATS: the first revision chosen, and the keys at it checked, as the copy does.
+        if !current_only {
+            base = super::to_nats::choose_base(source, s).await?.max(1);
+        }
+        super::to_nats::plan(source, base).await?;
+    }
     let keys = count(source, base).await?;
     let leases = source.leases().await.map_err(e)?.len();
     println!("--from: revision {}, compacted at revision {}", s.current, s.compacted);
@@ -73,10 +80,16 @@ async fn kine_rs_target(to: &str, cli: &Cli) -> Result<Target> {
             return Ok(Target::New(format!("{} does not exist: the copy creates it", path.display())));
         }
         Endpoint::Memory => bail!("memory:// keeps nothing: there is no point copying into it"),
-        Endpoint::Nats(_) => bail!(
-            "kine-rs migrate writes into SQLite, PostgreSQL and MySQL; a NATS bucket's revisions are its stream's \
-             sequence numbers and cannot be written as another store's"
-        ),
+        Endpoint::Nats(config) if endpoint::wants_embedded(&config) => {
+            let dir = config.data_dir.clone().unwrap_or_else(|| crate::endpoint::DEFAULT_NATS_DATA_DIR.into());
+            if !dir.join("jetstream").is_dir() {
+                return Ok(Target::New(format!(
+                    "no NATS store in {}: the copy starts an embedded server there and creates the bucket (revisions \
+                     written as stream sequences; the history may start at a later revision, docs/operations.md)",
+                    dir.display()
+                )));
+            }
+        }
         _ => {}
     }
     match crate::inspect::open_read_only("--to", to, cli).await {
@@ -90,6 +103,8 @@ async fn kine_rs_target(to: &str, cli: &Cli) -> Result<Target> {
             let text = format!("{err:#}");
             if text.contains("no kine-rs store") {
                 Ok(Target::New("holds no kine-rs tables: the copy creates them".into()))
+            } else if text.contains("no bucket ") && text.contains("on this NATS server") {
+                Ok(Target::New("no such bucket on the NATS server: the copy creates it".into()))
             } else if text.contains("does not exist") || text.contains("Unknown database") {
                 Ok(Target::New("the database does not exist: the copy creates it".into()))
             } else {

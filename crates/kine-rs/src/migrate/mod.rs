@@ -16,24 +16,25 @@
 mod digest;
 mod dry_run;
 mod etcd;
+mod finish;
 mod gokine;
 mod gokine_nats;
 mod progress;
+mod target;
 mod to_gokine;
+mod to_nats;
 
 use crate::cli::Cli;
 use crate::endpoint::{self, Endpoint};
 use crate::inspect::{NatsSource, ReadOnly};
 use anyhow::{Context, Result, bail};
+use finish::finish;
 use kine_core::backend::Backend;
-use kine_core::members::{Identity, Members};
 use kine_core::pages::Pager;
 use kine_core::request::RangeRequest;
 use kine_core::txn::{Import, ImportedVersion, WriteOp};
 use kine_core::{Event, EventKind, KeyRange, RangeEnd, Revision};
 use progress::Progress;
-use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Versions written per import transaction, at most (and at most [`BATCH_BYTES`] of values).
 const BATCH: usize = 1000;
@@ -94,19 +95,16 @@ pub async fn run(cli: &Cli, from: &str, to: &str, how: How) -> Result<()> {
         source.close().await;
         return result;
     }
-    let target = match open_target(to, cli).await.context("--to") {
+    let target = match target::open_unserved(to, cli).await {
         Ok(t) => t,
         Err(err) => {
             source.close().await;
             return Err(err);
         }
     };
-    let mut result = match unserved(&target).await {
-        Ok(()) => copy(source.backend(), target.as_ref(), current_only).await,
-        Err(err) => Err(err),
-    };
+    let mut result = copy(source.backend(), target.backend.as_ref(), current_only, target.nats).await;
     if let (Ok(()), Some((live, revision))) = (&result, &go_kine) {
-        result = gokine::verify(target.as_ref(), live, *revision).await;
+        result = gokine::verify(target.backend.as_ref(), live, *revision).await;
     }
     target.close().await;
     source.close().await;
@@ -185,52 +183,6 @@ fn etcd_tls(url: &str, cli: &Cli) -> Result<Option<tonic::transport::ClientTlsCo
     Ok(Some(tls))
 }
 
-/// No kine-rs serves the target: none has refreshed its member record within
-/// `members::STALE` (PostgreSQL and MySQL; an SQLite file keeps no such records).
-async fn unserved(target: &Arc<dyn Backend>) -> Result<()> {
-    let me = target.member_id();
-    let members = Members::new(target.clone(), Identity::default()).list().await.map_err(e)?;
-    let serving: Vec<String> = members
-        .into_iter()
-        .filter(|m| m.id != me)
-        .map(|m| {
-            format!("{} ({})", if m.name.is_empty() { format!("{:x}", m.id) } else { m.name }, m.client_urls.join(", "))
-        })
-        .collect();
-    if !serving.is_empty() {
-        bail!(
-            "--to is being served by kine-rs {} (a member record refreshed within {} s): stop every kine-rs on it first",
-            serving.join(", "),
-            kine_core::members::STALE.as_secs()
-        );
-    }
-    Ok(())
-}
-
-/// The target, opened for writing (created if missing, as a server would).
-async fn open_target(to: &str, cli: &Cli) -> Result<Arc<dyn Backend>> {
-    let pool = kine_backend_sql::PoolOptions { max_idle: 2, max_open: Some(2), ..crate::datastore::pool_options(cli) };
-    let tls = crate::datastore::sql_tls(cli);
-    Ok(match endpoint::parse_as("--to", to).map_err(anyhow::Error::msg)? {
-        Endpoint::Sqlite { path } => {
-            Arc::new(kine_backend_sql::SqliteBackend::open(kine_backend_sql::SqliteOptions { path })?)
-        }
-        Endpoint::Postgres { url } => {
-            let options = kine_backend_sql::PostgresOptions { url, pool, tls, stop: None };
-            Arc::new(tokio::task::spawn_blocking(move || kine_backend_sql::PostgresBackend::open(options)).await??)
-        }
-        Endpoint::Mysql { url } => {
-            let options = kine_backend_sql::MysqlOptions { url, pool, tls, stop: None };
-            Arc::new(tokio::task::spawn_blocking(move || kine_backend_sql::MysqlBackend::open(options)).await??)
-        }
-        Endpoint::Memory => bail!("memory:// keeps nothing: there is no point copying into it"),
-        Endpoint::Nats(_) => bail!(
-            "kine-rs migrate writes into SQLite, PostgreSQL and MySQL; a NATS bucket's revisions are its stream's \
-             sequence numbers and cannot be written as another store's"
-        ),
-    })
-}
-
 async fn count(b: &dyn Backend, revision: Revision) -> Result<i64> {
     let mut req = RangeRequest::new(KeyRange::all());
     req.count_only = true;
@@ -262,9 +214,14 @@ async fn same_history(
     Ok(a == b)
 }
 
-async fn copy(source: &dyn Backend, target: &dyn Backend, current_only: bool) -> Result<()> {
+async fn copy(source: &dyn Backend, target: &dyn Backend, current_only: bool, nats: bool) -> Result<()> {
     let started = std::time::Instant::now();
     let s = source.revisions().await.map_err(e)?;
+    if nats {
+        // Revisions are stream sequences: written in revision order (`to_nats.rs`).
+        to_nats::prepare(source, target, s, current_only).await?;
+        return finish(source, target, s.current, started).await;
+    }
     // The keys are copied at this revision, the history after it.
     let base = if current_only { s.current } else { s.compacted };
     let t = target.revisions().await.map_err(e)?;
@@ -324,10 +281,7 @@ async fn copy(source: &dyn Backend, target: &dyn Backend, current_only: bool) ->
         copy_keys(source, target, base, start, position).await?;
         target.compact(base).await.map_err(e).context("set --to's compact revision")?;
     }
-    copy_history(source, target, s.current).await?;
-    copy_leases(source, target).await?;
-    copy_auth(source, target).await?;
-    verify(source, target, s.current, started).await
+    finish(source, target, s.current, started).await
 }
 
 /// The keys at `base` from `start` on, each with its own revision; the store's revision
@@ -373,107 +327,5 @@ async fn copy_keys(
         }
     }
     progress.finish();
-    Ok(())
-}
-
-/// Every change after the target's revision up to `until`.
-async fn copy_history(source: &dyn Backend, target: &dyn Backend, until: Revision) -> Result<()> {
-    let mut after = target.revisions().await.map_err(e)?.current;
-    let mut progress = Progress::new("copying the history", "revisions", (until - after).max(0) as u64);
-    while after < until {
-        let to = (after + WINDOW).min(until);
-        let changes = source.events(&KeyRange::all(), after, to).await.map_err(|err| match err {
-            kine_core::Error::Compacted { compact_revision } => anyhow::anyhow!(
-                "--from was compacted at revision {compact_revision} while its history after {after} was being copied; \
-                 run migrate again (an empty --to if the copy cannot continue)"
-            ),
-            other => e(other),
-        })?;
-        let versions = changes
-            .into_iter()
-            .flat_map(|c| {
-                c.events.into_iter().enumerate().map(move |(sub, ev)| ImportedVersion {
-                    revision: c.revision,
-                    sub,
-                    event: Event { kind: ev.kind, kv: ev.kv, prev_kv: None },
-                })
-            })
-            .collect();
-        let import = Import { versions, revision: to, add_leases: vec![], remove_leases: vec![] };
-        target.write(WriteOp::Import(import)).await.map_err(e).context("write into --to")?;
-        progress.advance((to - after) as u64);
-        after = to;
-    }
-    progress.finish();
-    Ok(())
-}
-
-/// The target's leases become the source's (a lease's time left starts again from its TTL
-/// when the copy is served, as after any restart).
-async fn copy_leases(source: &dyn Backend, target: &dyn Backend) -> Result<()> {
-    let want: HashMap<_, _> = source.leases().await.map_err(e)?.into_iter().collect();
-    let have: HashMap<_, _> = target.leases().await.map_err(e)?.into_iter().collect();
-    let add_leases: Vec<_> = want.iter().filter(|(id, ttl)| have.get(id) != Some(ttl)).map(|(i, t)| (*i, *t)).collect();
-    let remove_leases: Vec<_> = have.iter().filter(|(id, ttl)| want.get(id) != Some(ttl)).map(|(i, _)| *i).collect();
-    if add_leases.is_empty() && remove_leases.is_empty() {
-        return Ok(());
-    }
-    let revision = target.revisions().await.map_err(e)?.current;
-    let import = Import { versions: vec![], revision, add_leases, remove_leases };
-    target.write(WriteOp::Import(import)).await.map_err(e).context("write the leases into --to")?;
-    Ok(())
-}
-
-/// Users, roles and the auth switch.
-async fn copy_auth(source: &dyn Backend, target: &dyn Backend) -> Result<()> {
-    let Some(record) = source.auth_record().await.map_err(e)? else { return Ok(()) };
-    let current = target.auth_record().await.map_err(e)?;
-    if current.as_ref().is_some_and(|c| c.data == record.data) {
-        return Ok(());
-    }
-    if !target.auth_replace(current.map(|c| c.version), record.data).await.map_err(e)? {
-        bail!("--to's users and roles changed while they were being copied: is a kine-rs serving --to?");
-    }
-    Ok(())
-}
-
-async fn verify(
-    source: &dyn Backend,
-    target: &dyn Backend,
-    revision: Revision,
-    started: std::time::Instant,
-) -> Result<()> {
-    let (s, t) = (source.revisions().await.map_err(e)?, target.revisions().await.map_err(e)?);
-    if t.current != revision {
-        bail!("--to is at revision {} after the copy, not {revision}: is a kine-rs serving --to?", t.current);
-    }
-    let from = s.compacted.max(t.compacted);
-    if from > revision {
-        bail!(
-            "--from was compacted past the copied revision {revision} meanwhile: run migrate again to verify the copy"
-        );
-    }
-    let (a, versions) = digest::history(source, &KeyRange::all(), from, revision).await?;
-    let (b, _) = digest::history(target, &KeyRange::all(), from, revision).await?;
-    if a != b {
-        bail!("verification failed: --to's history from revision {from} to {revision} differs from --from's");
-    }
-    let hash = kine_core::snapshot::hash(source, revision, None).await.map_err(e)?;
-    let copied = kine_core::snapshot::hash(target, revision, None).await.map_err(e)?;
-    if hash != copied {
-        bail!(
-            "verification failed: the keys at revision {revision} hash to {hash:08x} on --from, {copied:08x} on --to"
-        );
-    }
-    tracing::info!(
-        revision,
-        compact_revision = t.compacted,
-        versions,
-        keys = count(target, revision).await?,
-        leases = target.leases().await.map_err(e)?.len(),
-        hash = format!("{hash:08x}"),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "copied and verified: --to holds --from's history up to this revision"
-    );
     Ok(())
 }

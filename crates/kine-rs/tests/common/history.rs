@@ -51,3 +51,29 @@ pub async fn watched(c: &mut etcd_client::Client, prefix: &str, after: i64, unti
     }
     out
 }
+
+/// [`load`]'s history with one change per revision, as Kubernetes writes (300 keys, updates,
+/// deletes, a compaction, a key on a lease): a store whose keys a NATS bucket can hold at their
+/// revisions. Returns (compact revision, a revision between it and the end).
+pub async fn load_one_change_per_revision(c: &mut etcd_client::Client) -> (i64, i64) {
+    for i in 0..300 {
+        c.put(format!("/registry/cm/{i:05}"), vec![0, 1, i as u8], None).await.unwrap();
+    }
+    for i in (0..300).step_by(7) {
+        c.put(format!("/registry/cm/{i:05}"), format!("updated {i}"), None).await.unwrap();
+    }
+    let compact = c.delete("/registry/cm/00003", None).await.unwrap().header().unwrap().revision();
+    c.compact(compact, None).await.unwrap();
+    let middle = c.put("/registry/cm/00003", "back", None).await.unwrap().header().unwrap().revision();
+    let lease = c.lease_grant(600, None).await.unwrap().id();
+    c.put("/registry/leases/x", "held", Some(PutOptions::new().with_lease(lease))).await.unwrap();
+    for i in (0..300).step_by(11) {
+        let key = format!("/registry/cm/{i:05}");
+        let txn = Txn::new()
+            .when([Compare::version(key.as_str(), CompareOp::Greater, 0)])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        c.txn(txn).await.unwrap();
+    }
+    c.put("/registry/cm/00001", "changed again", None).await.unwrap();
+    (compact, middle)
+}

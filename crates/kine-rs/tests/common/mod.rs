@@ -226,6 +226,7 @@ where
         }
     }
 }
+pub mod answers;
 pub mod copies;
 pub mod history;
 pub mod http;
