@@ -27,8 +27,10 @@ mod local;
 mod marker;
 mod members;
 mod meta;
+mod origin;
 mod promote;
 mod proposed;
+mod record;
 mod replica;
 mod sent;
 mod setup;
@@ -45,9 +47,9 @@ use async_nats::jetstream::{self, stream};
 use kine_core::backend::{FEED_CAPACITY, LeaseUpdate, Replication, Role};
 use kine_core::memory::MemTable;
 use kine_core::{Error, LeaseId, Result, Revision, RevisionEvents};
-use layout::Origin;
 use local::LocalStream;
 pub use local::{LocalHead, LocalServer};
+use origin::Origin;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -257,7 +259,7 @@ impl NatsBackend {
             _ => Role::Primary,
         };
         let (feed, _) = broadcast::channel(FEED_CAPACITY);
-        let stream_name = layout::stream_name(&cfg.bucket);
+        let stream_name = origin::stream_name(&cfg.bucket);
         let local = options.local.clone().and_then(|server| LocalStream::bind(server, &client, &stream_name));
         let inner = Arc::new(Inner {
             bucket: cfg.bucket.clone(),

@@ -105,7 +105,7 @@ impl SmallDisk {
     /// Mounts a `size_mib` tmpfs at a new directory under `parent`. Refuses with a clear
     /// message where mounting is not allowed (needs root, or CAP_SYS_ADMIN).
     pub fn mount(parent: &Path, size_mib: u64) -> Result<SmallDisk> {
-        crate::netns::require_root("a small file system that fills up (tmpfs mount)")?;
+        require_root("a small file system that fills up (tmpfs mount)")?;
         let path = parent.join(format!("small-disk-{}", std::process::id()));
         std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
         let status = Command::new("mount")
@@ -156,4 +156,15 @@ impl Drop for SmallDisk {
             let _ = std::fs::remove_dir(&self.path);
         }
     }
+}
+
+/// Refuses, with a message that says why, where namespaces or mounts cannot be made.
+pub fn require_root(what: &str) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    #[allow(unsafe_code)]
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        bail!("{what} needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); run the fault tests as root");
+    }
+    Ok(())
 }

@@ -18,17 +18,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 const NS_PREFIX: &str = "kine-chaos-";
 
-/// Refuses, with a message that says why, where namespaces or mounts cannot be made.
-pub fn require_root(what: &str) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    #[allow(unsafe_code)]
-    let euid = unsafe { libc::geteuid() };
-    if euid != 0 {
-        bail!("{what} needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN); run the fault tests as root");
-    }
-    Ok(())
-}
-
 fn ip(args: &[&str]) -> Result<()> {
     let out = Command::new("ip").args(args).output().context("run `ip` (iproute2)")?;
     if !out.status.success() {
@@ -62,7 +51,7 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 impl Lab {
     /// Creates `nodes` namespaces, the bridge and every link.
     pub fn new(nodes: usize) -> Result<Lab> {
-        require_root("a network partition (network namespaces)")?;
+        crate::faults::require_root("a network partition (network namespaces)")?;
         Command::new("ip").arg("-V").output().context("the fault harness needs `ip` (Debian package iproute2)")?;
         remove_stale();
         // A subnet number not in use by another lab of this process or of a dead one.

@@ -5,6 +5,7 @@
 pub mod alarm;
 pub mod auth;
 pub mod backend;
+pub mod budget;
 pub mod compactor;
 pub mod duration;
 pub mod election;

@@ -24,15 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 
-tokio::task_local! {
-    /// When the client request being served began (set by [`request`]).
-    static REQUEST_STARTED: tokio::time::Instant;
-}
-
-/// Runs one client request: its short datastore operations share one request timeout.
-pub fn request<F: Future>(f: F) -> tokio::task::futures::TaskLocalFuture<tokio::time::Instant, F> {
-    REQUEST_STARTED.scope(tokio::time::Instant::now(), f)
-}
+pub use crate::budget::request;
 
 pub struct Metered {
     inner: Arc<dyn Backend>,
@@ -65,8 +57,8 @@ impl Metered {
         if limit.is_zero() {
             return f.await;
         }
-        let limit = match (bound, REQUEST_STARTED.try_with(tokio::time::Instant::elapsed)) {
-            (Bound::Short, Ok(spent)) => limit.saturating_sub(spent),
+        let limit = match (bound, crate::budget::spent()) {
+            (Bound::Short, Some(spent)) => limit.saturating_sub(spent),
             _ => limit,
         };
         if limit.is_zero() {

@@ -137,7 +137,7 @@ impl<'a> Pages<'a> {
         // Each page has a request budget of its own: hashing or saving a large store takes as
         // long as its size needs (etcd bounds HashKV only by the client's deadline), while a
         // stalled datastore still fails the page within the request timeout.
-        let page = crate::metered::request(self.backend.range(req)).await?.value;
+        let page = crate::budget::request(self.backend.range(req)).await?.value;
         if let (true, Some(last)) = (page.more, page.kvs.last()) {
             let mut after = last.key.clone();
             after.push(0);

@@ -31,7 +31,7 @@ pub(crate) struct Shim {
     account_of: unsafe extern "C" fn(*const c_char, u64) -> *mut c_char,
     stream_last_seq: LastSeqFn,
     free: unsafe extern "C" fn(*mut c_char),
-    pub(crate) bolt: crate::bolt::Fns,
+    pub(crate) bolt: crate::bolt_fns::Fns,
 }
 
 static SHIM: OnceLock<Result<Shim, String>> = OnceLock::new();
@@ -101,7 +101,7 @@ fn load() -> Result<Shim, String> {
             ),
             stream_last_seq: std::mem::transmute::<*mut c_void, LastSeqFn>(symbol(c"KineNatsStreamLastSeq")?),
             free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_char)>(symbol(c"KineNatsFree")?),
-            bolt: crate::bolt::Fns::load(symbol)?,
+            bolt: crate::bolt_fns::Fns::load(symbol)?,
         })
     }
 }

@@ -5,6 +5,7 @@
 //! Everything here blocks (it waits on Go); call it from a blocking context.
 
 pub mod bolt;
+mod bolt_fns;
 mod ffi;
 pub use ffi::StreamHead;
 

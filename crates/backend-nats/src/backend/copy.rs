@@ -8,7 +8,7 @@
 //! consume (the origin's stream missing, say).
 
 use super::Inner;
-use super::layout::Origin;
+use super::origin::Origin;
 use kine_core::Revision;
 use kine_core::backend::Replication;
 use std::sync::Arc;
@@ -222,7 +222,7 @@ async fn switch_after_promotion(inner: &Arc<Inner>, origin: &Origin) {
     tracing::info!("the copy's stream was promoted by another node; loading it again to take writes");
     let deadline = tokio::time::Instant::now() + PROMOTION_RECORD_WAIT;
     loop {
-        match super::promote::recorded_origin(&inner.meta).await {
+        match super::record::recorded_origin(&inner.meta).await {
             Ok(Some(_)) => break,
             _ if tokio::time::Instant::now() >= deadline => {
                 // The node that promoted it stopped half-way: finish for it.

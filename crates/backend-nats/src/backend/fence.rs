@@ -7,8 +7,8 @@
 //! subjects between domains over leaf nodes, so an origin in another domain is asked on
 //! `kine-rs.fence.<domain>.<bucket>`, which a running kine-rs there answers after recording it.
 
-use super::layout::{Origin, stream_name};
-use super::promote::{Promoted, now_unix, read_record};
+use super::origin::{Origin, stream_name};
+use super::record::{Promoted, now_unix, read_record};
 use super::{Inner, leader, meta};
 use crate::message;
 use anyhow::anyhow;

@@ -4,7 +4,7 @@
 //! as such (`kine_core::foreign`, `ForeignKind::GoKine`: the binary names `kine-rs migrate`);
 //! anything else is refused naming what it is not.
 
-use super::layout::stream_name;
+use super::origin::stream_name;
 use crate::gokine::{self, Looked};
 use async_nats::jetstream::{self, stream};
 use kine_core::foreign::{Foreign, ForeignKind, thousands};

@@ -14,68 +14,11 @@
 //! a copy, promoted together with it.
 
 use super::marker::{own_marker, wait_for_marker};
+use super::origin::{DEDUPE_WINDOW, Origin, stream_name};
 use super::setup::Final;
-use crate::config::{MirrorSource, NatsConfig};
+use crate::config::NatsConfig;
 use anyhow::{Context as _, anyhow, bail};
 use async_nats::jetstream::{self, context::GetStreamErrorKind, kv, stream};
-
-/// What a read-only copy follows.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Origin {
-    /// The mirrored stream, `KV_<bucket>`.
-    pub stream: String,
-    /// The JetStream API prefix it is reached through (`$JS.edge.API`); `None`: this account's own.
-    pub api: Option<String>,
-}
-
-impl Origin {
-    pub fn bucket(&self) -> &str {
-        self.stream.strip_prefix("KV_").unwrap_or(&self.stream)
-    }
-
-    /// The JetStream domain it lives in, when it is reached through one (`$JS.<domain>.API`).
-    pub fn domain(&self) -> Option<&str> {
-        let domain = self.api.as_deref()?.strip_prefix("$JS.")?.strip_suffix(".API")?;
-        (!domain.contains('.')).then_some(domain)
-    }
-
-    /// `KV_kine (JetStream domain edge)`, for messages.
-    pub fn describe(&self) -> String {
-        match (self.domain(), self.api.as_deref()) {
-            (Some(domain), _) => format!("{} (JetStream domain {domain})", self.stream),
-            (None, Some(api)) => format!("{} (through {api})", self.stream),
-            (None, None) => format!("{} (in this JetStream domain)", self.stream),
-        }
-    }
-
-    fn from_source(source: &stream::Source) -> Origin {
-        let api = source
-            .external
-            .as_ref()
-            .map(|e| e.api_prefix.clone())
-            .or_else(|| source.domain.as_ref().map(|d| format!("$JS.{d}.API")))
-            .filter(|a| !a.is_empty() && a != "$JS.API");
-        Origin { stream: source.name.clone(), api }
-    }
-
-    fn wanted(bucket: &str, source: &MirrorSource) -> Origin {
-        let api = match source {
-            MirrorSource::Local => None,
-            MirrorSource::Domain(d) => Some(format!("$JS.{d}.API")),
-            MirrorSource::Api(a) => Some(a.clone()),
-        };
-        Origin { stream: format!("KV_{bucket}"), api }
-    }
-
-    /// A mirror source for `stream_name` of the origin (its bucket's stream or meta stream).
-    fn source(&self, stream_name: String) -> stream::Source {
-        stream::Source {
-            name: stream_name,
-            external: self.api.clone().map(|api_prefix| stream::External { api_prefix, delivery_prefix: None }),
-            ..Default::default()
-        }
-    }
-}
 
 /// The streams of an opened bucket.
 pub(super) struct Opened {
@@ -91,10 +34,6 @@ pub(super) struct Opened {
     pub origin: Option<Origin>,
     /// The bucket is a mirror now.
     pub copy: bool,
-}
-
-pub(super) fn stream_name(bucket: &str) -> String {
-    format!("KV_{bucket}")
 }
 
 /// Opens `KV_<bucket>` and `<bucket>-meta`, creating them if missing: a bucket of its own, or
@@ -163,16 +102,10 @@ pub(super) async fn open(js: &jetstream::Context, cfg: &NatsConfig, read_only: b
     // A promoted copy remembers its origin (for the fence, `promote.rs`).
     let origin = match origin {
         Some(o) => Some(o),
-        None => super::promote::recorded_origin(&meta).await?,
+        None => super::record::recorded_origin(&meta).await?,
     };
     Ok(Opened { stream, info, meta, stored, birth, origin, copy })
 }
-
-/// How long the stream remembers a write's message id (`Nats-Msg-Id`, `write.rs`). A write
-/// sends its message again with the same id only within its own request (at most a few
-/// seconds); the server keeps every id of the window in memory (about 100 bytes each), so the
-/// window is short: NATS's 2 minutes would hold 1.2 million ids at 10,000 writes/s.
-pub(super) const DEDUPE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A bucket created before kine-rs set its own window (or by another tool) keeps the server's
 /// default of 2 minutes: shortened, best effort.
@@ -340,7 +273,7 @@ async fn open_meta(
         (Some(_), None) => {
             // The bucket's stream was promoted but its meta bucket not yet: finish.
             tracing::warn!(stream = %stream_name, "finishing an interrupted promotion of the meta bucket");
-            super::promote::promote_stream(js, config, &name, &format!("{stored}-meta"), false).await?;
+            promote_stream(js, config, &name, &format!("{stored}-meta"), false).await?;
             stream = js.get_stream(&stream_name).await.map_err(|e| anyhow!("read stream {stream_name}: {e}"))?;
         }
         (None, None) => {}
@@ -354,4 +287,35 @@ async fn open_meta(
         use_jetstream_prefix: false,
         stream,
     })
+}
+
+/// Removes the mirror configuration of a stream: writes on `$KV.<name>.>` are stored as
+/// `$KV.<stored>.>`. `bucket_stream`: the bucket's stream (atomic batches), else a meta bucket.
+pub(super) async fn promote_stream(
+    js: &jetstream::Context,
+    mut config: stream::Config,
+    name: &str,
+    stored: &str,
+    bucket_stream: bool,
+) -> anyhow::Result<()> {
+    if config.mirror.is_none() {
+        return Ok(());
+    }
+    let write = format!("$KV.{name}.>");
+    config.mirror = None;
+    config.mirror_direct = false;
+    config.subjects = vec![write.clone()];
+    config.subject_transform =
+        (name != stored).then(|| stream::SubjectTransform { source: write, destination: format!("$KV.{stored}.>") });
+    config.allow_direct = true;
+    config.allow_rollup = true;
+    config.allow_atomic_publish = bucket_stream;
+    if bucket_stream {
+        config.duplicate_window = DEDUPE_WINDOW;
+    }
+    js.update_stream(&config)
+        .await
+        .map_err(|e| anyhow!("promote stream {}: {e} (nats-server 2.12 or newer?)", config.name))?;
+    tracing::info!(stream = %config.name, "the mirror is a stream of its own now");
+    Ok(())
 }

@@ -4,7 +4,7 @@
 //! waits for its mirror to bring the origin's marker.
 
 use super::copy::MirrorStatus;
-use super::layout::{Origin, stream_name};
+use super::origin::{Origin, stream_name};
 use super::setup::{Final, PATIENCE};
 use crate::config::NatsConfig;
 use crate::message;

@@ -18,82 +18,20 @@
 //!    newest one the copy had.
 
 use super::fence::{Fence, listen_for_fence};
-use super::layout::Origin;
+use super::layout::promote_stream;
+use super::origin::Origin;
+use super::record::{Promoted, now_unix};
 use super::{Inner, NATS_TIMEOUT, leader, meta, unavailable};
 use crate::message;
-use anyhow::anyhow;
 use async_nats::jetstream::{self, stream};
 use kine_core::backend::{Promotion, Role};
 use kine_core::view::WriteView;
 use kine_core::{Error, Result, Revision};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// How long a promotion waits for the copy to catch up with a reachable origin.
 const CATCH_UP: Duration = Duration::from_secs(30);
-
-/// `promoted` in a promoted copy's meta bucket.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub(super) struct Promoted {
-    pub origin_stream: String,
-    pub origin_api: Option<String>,
-    /// The origin's creation time (it is the copy's too): a fence names it.
-    #[serde(default)]
-    pub origin_birth: i64,
-    /// The newest revision the copy had: revisions continue after it.
-    pub revision: Revision,
-    pub at_unix: u64,
-    /// The old origin got its `superseded` record.
-    pub fenced: bool,
-}
-
-pub(super) fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// The origin a promoted copy recorded, if this bucket is one.
-pub(super) async fn recorded_origin(meta: &jetstream::kv::Store) -> anyhow::Result<Option<Origin>> {
-    Ok(read_record(meta).await?.map(|p| Origin { stream: p.origin_stream, api: p.origin_api }))
-}
-
-pub(super) async fn read_record(meta: &jetstream::kv::Store) -> anyhow::Result<Option<Promoted>> {
-    match meta.entry(meta::PROMOTED).await {
-        Ok(Some(e)) if e.operation == jetstream::kv::Operation::Put => Ok(serde_json::from_slice(&e.value).ok()),
-        Ok(_) => Ok(None),
-        Err(e) => Err(anyhow!("read the promotion record: {e}")),
-    }
-}
-
-/// Removes the mirror configuration of a stream: writes on `$KV.<name>.>` are stored as
-/// `$KV.<stored>.>`. `bucket_stream`: the bucket's stream (atomic batches), else a meta bucket.
-pub(super) async fn promote_stream(
-    js: &jetstream::Context,
-    mut config: stream::Config,
-    name: &str,
-    stored: &str,
-    bucket_stream: bool,
-) -> anyhow::Result<()> {
-    if config.mirror.is_none() {
-        return Ok(());
-    }
-    let write = format!("$KV.{name}.>");
-    config.mirror = None;
-    config.mirror_direct = false;
-    config.subjects = vec![write.clone()];
-    config.subject_transform =
-        (name != stored).then(|| stream::SubjectTransform { source: write, destination: format!("$KV.{stored}.>") });
-    config.allow_direct = true;
-    config.allow_rollup = true;
-    config.allow_atomic_publish = bucket_stream;
-    if bucket_stream {
-        config.duplicate_window = super::layout::DEDUPE_WINDOW;
-    }
-    js.update_stream(&config)
-        .await
-        .map_err(|e| anyhow!("promote stream {}: {e} (nats-server 2.12 or newer?)", config.name))?;
-    tracing::info!(stream = %config.name, "the mirror is a stream of its own now");
-    Ok(())
-}
 
 impl Inner {
     /// Promotes this copy (see the module documentation).

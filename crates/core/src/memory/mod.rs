@@ -5,6 +5,9 @@ mod events;
 mod table;
 mod values;
 
+#[cfg(test)]
+mod apply_tests;
+
 pub use table::MemTable;
 
 use crate::backend::{AuthRecord, Backend, BackendStatus, FEED_CAPACITY, Revisions};
