@@ -165,6 +165,28 @@ impl GoKineLog {
         Ok(GoKineSummary { rows, max_id, compact_revision })
     }
 
+    /// The newest revision up to `until` below which Go kine's history is known to be
+    /// incomplete, whatever its `compact_rev_key` row says (0: none). Go kine's compaction to a
+    /// target T deletes a version replaced by a row at or below T, and deletions at or below T:
+    /// so a row whose previous version is missing was itself written at or below T (an update
+    /// or a deletion: its own revision is a lower bound of T), and a create whose previous row
+    /// (the deletion it follows) is missing follows a deletion at or below T (that deletion's
+    /// revision is). Bookkeeping rows and rows without a previous row are not looked at.
+    pub fn lost_history(&mut self, until: i64) -> Result<i64> {
+        let sql = "SELECT COALESCE(MAX(CASE WHEN r.created = 1 THEN r.prev_revision ELSE r.id END), 0) \
+                   FROM kine r LEFT JOIN kine p ON p.id = r.prev_revision \
+                   WHERE r.prev_revision > 0 AND r.id <= {until} AND r.name != 'compact_rev_key' AND p.id IS NULL";
+        let sql = sql.replace("{until}", &until.to_string());
+        Ok(match self {
+            GoKineLog::Sqlite(c) => c.query_row(&sql, [], |r| r.get(0))?,
+            GoKineLog::Postgres(c) => c.query_one(&format!("SELECT ({sql})::BIGINT"), &[])?.get(0),
+            GoKineLog::Mysql(c) => {
+                use mysql::prelude::Queryable;
+                c.query_first::<i64, _>(format!("SELECT CAST(({sql}) AS SIGNED)"))?.unwrap_or(0)
+            }
+        })
+    }
+
     /// Up to `limit` rows with `after < id <= until`, in id order.
     pub fn rows(&mut self, after: i64, until: i64, limit: usize) -> Result<Vec<GoKineRow>> {
         let limit = limit as i64;

@@ -2,7 +2,11 @@
 //! column types and index names Go kine v0.17.x creates, so that Go kine started on the
 //! database finds its own — in a new SQLite file or a PostgreSQL/MySQL database without a
 //! `kine` table, then the rows with their ids (their revisions), all in one transaction: an
-//! interrupted conversion leaves nothing behind, and running it again starts afresh.
+//! interrupted conversion leaves nothing a rerun refuses, and running it again starts afresh.
+//! A new SQLite file is written beside its path (`<file>.kine-rs-partial`) and renamed to it
+//! once committed, so the path never names half a table, even after SIGKILL; MySQL commits DDL
+//! at once, so an empty `kine` table (Go kine's start always writes a row) is a table an
+//! interrupted conversion left, and is dropped before starting again.
 
 use crate::gokine_log::GoKineDb;
 use anyhow::{Context, Result, bail};
@@ -24,6 +28,7 @@ pub struct GoKineRowOut {
 
 /// Go kine's table being written, in one transaction.
 pub enum GoKineWriter {
+    /// The connection to the partial file, and the path it is renamed to.
     Sqlite(rusqlite::Connection, std::path::PathBuf),
     Postgres(postgres::Client),
     Mysql(mysql::Conn),
@@ -47,7 +52,13 @@ impl GoKineWriter {
                 if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
                     bail!("{} exists: Go kine's table is written into a new file", path.display());
                 }
-                let conn = rusqlite::Connection::open(path).with_context(|| format!("create {}", path.display()))?;
+                let partial = partial(path);
+                if partial.exists() {
+                    tracing::info!(file = %partial.display(), "removing what an interrupted conversion left");
+                }
+                remove_sqlite(&partial);
+                let conn =
+                    rusqlite::Connection::open(&partial).with_context(|| format!("create {}", partial.display()))?;
                 // Go kine's own default journal: it opens the file in WAL mode.
                 conn.pragma_update(None, "journal_mode", "WAL")?;
                 GoKineWriter::Sqlite(conn, path.clone())
@@ -107,7 +118,14 @@ impl GoKineWriter {
                      AND table_name = 'kine'",
                 )?;
                 if exists.unwrap_or(0) > 0 {
-                    bail!("the database holds a table kine already: Go kine's table is written into a new database");
+                    let rows: Option<i64> = c.query_first("SELECT COUNT(*) FROM kine")?;
+                    if rows.unwrap_or(0) > 0 {
+                        bail!(
+                            "the database holds a table kine already: Go kine's table is written into a new database"
+                        );
+                    }
+                    tracing::info!("dropping the empty table kine an interrupted conversion left");
+                    c.query_drop("DROP TABLE kine")?;
                 }
                 // MySQL commits DDL at once: the table is created first, then the rows go in
                 // one transaction; a failed conversion drops the table again (`abandon`).
@@ -203,7 +221,16 @@ impl GoKineWriter {
     /// takes the next revision.
     pub fn finish(self) -> Result<()> {
         match self {
-            GoKineWriter::Sqlite(c, _) => c.execute_batch("COMMIT")?,
+            GoKineWriter::Sqlite(c, path) => {
+                c.execute_batch("COMMIT")?;
+                // Everything into the file itself, then the file renamed to its path.
+                c.pragma_update(None, "wal_checkpoint", "TRUNCATE")?;
+                c.close().map_err(|(_, e)| e)?;
+                let partial = partial(&path);
+                std::fs::rename(&partial, &path)
+                    .with_context(|| format!("rename {} to {}", partial.display(), path.display()))?;
+                remove_sqlite(&partial);
+            }
             GoKineWriter::Postgres(mut c) => {
                 c.batch_execute("SELECT setval(pg_get_serial_sequence('kine', 'id'), (SELECT MAX(id) FROM kine))")?;
                 c.batch_execute("COMMIT")?;
@@ -223,12 +250,7 @@ impl GoKineWriter {
             GoKineWriter::Sqlite(c, path) => {
                 let _ = c.execute_batch("ROLLBACK");
                 drop(c);
-                // The file was created for the conversion.
-                for suffix in ["", "-wal", "-shm"] {
-                    let mut name = path.as_os_str().to_os_string();
-                    name.push(suffix);
-                    let _ = std::fs::remove_file(std::path::PathBuf::from(name));
-                }
+                remove_sqlite(&partial(&path));
             }
             GoKineWriter::Postgres(mut c) => {
                 let _ = c.batch_execute("ROLLBACK");
@@ -239,5 +261,21 @@ impl GoKineWriter {
                 let _ = c.query_drop("DROP TABLE kine");
             }
         }
+    }
+}
+
+/// Where a new SQLite file is written until it is complete.
+fn partial(path: &std::path::Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".kine-rs-partial");
+    name.into()
+}
+
+/// Removes an SQLite file and its WAL and shared-memory files, if there.
+fn remove_sqlite(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(suffix);
+        let _ = std::fs::remove_file(std::path::PathBuf::from(name));
     }
 }

@@ -79,10 +79,21 @@ fn read(log: &mut GoKineLog, shown: &str) -> Result<Loaded> {
         );
     }
     let until = first.max_id;
-    let compacted = now.compact_revision;
-    if compacted > until {
-        bail!("--from {shown}: Go kine's compact revision {compacted} is past its newest revision {until}");
+    let recorded = now.compact_revision;
+    if recorded > until {
+        bail!("--from {shown}: Go kine's compact revision {recorded} is past its newest revision {until}");
     }
+    let lost = log.lost_history(until)?;
+    if lost > recorded {
+        tracing::warn!(
+            recorded_compact_revision = recorded,
+            history_complete_from = lost,
+            "Go kine's table lacks rows its history after its recorded compact revision needs (its compact_rev_key \
+             row lost or wrong, or rows deleted by hand): the copy is compacted at the revision from which the \
+             history is complete; reads and watches below it answer \"compacted\""
+        );
+    }
+    let compacted = recorded.max(lost);
     tracing::info!(revision = until, compact_revision = compacted, rows = now.rows, "reading Go kine's table");
     let mut build = Builder::new(compacted);
     // The keys at the compact revision: what compaction left at or below it.
