@@ -165,6 +165,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         "kine-rs ready: etcd clients connect to {}",
         bound.client_url
     );
+    crate::notify::notify("READY=1");
     let config = kine_server::ServerConfig {
         max_request_bytes: cli.max_request_bytes as usize,
         emulated_version: cli.emulated_etcd_version.clone(),
@@ -190,6 +191,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         }
         None => {
             tracing::info!("shutting down: draining requests");
+            crate::notify::notify("STOPPING=1");
             match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
                 Ok(_) => {}
                 Err(_) => {

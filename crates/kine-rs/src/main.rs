@@ -12,6 +12,7 @@ mod inspect;
 mod listen;
 mod metrics_http;
 mod migrate;
+mod notify;
 mod restore;
 mod s3;
 mod version;
