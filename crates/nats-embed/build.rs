@@ -28,6 +28,7 @@ fn main() {
         .arg(out.join("libkinenats.so"))
         .arg(".")
         .env("CGO_ENABLED", "1");
+    cross(&mut cmd);
     if std::env::var_os("HOME").is_none() && std::env::var_os("GOCACHE").is_none() {
         // Go needs a cache directory; without HOME it has no default.
         cmd.env("GOCACHE", out.join("go-cache")).env("GOPATH", out.join("go-path"));
@@ -36,4 +37,34 @@ fn main() {
     if !status.success() {
         panic!("`{go} build -buildmode=c-shared` of the embedded nats-server failed ({status}); see the output above");
     }
+}
+
+/// A cross build (`cargo build --target aarch64-unknown-linux-gnu` on x86_64, say): Go builds
+/// the library for the same target, with that target's C compiler (`CC_<target>` or
+/// `TARGET_CC` as the `cc` crate reads them, else Debian's `<arch>-linux-gnu-gcc`).
+fn cross(cmd: &mut Command) {
+    let target = std::env::var("TARGET").unwrap_or_default();
+    let host = std::env::var("HOST").unwrap_or_default();
+    for var in ["CC_".to_string() + &target.replace('-', "_"), "TARGET_CC".to_string()] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    if target == host {
+        return;
+    }
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let goarch = match arch.as_str() {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "arm" => "arm",
+        "riscv64" => "riscv64",
+        "powerpc64" => "ppc64le",
+        "s390x" => "s390x",
+        other => panic!("the embedded nats-server cannot be built for {target}: no Go architecture for {other}"),
+    };
+    let cc = std::env::var("CC_".to_string() + &target.replace('-', "_"))
+        .or_else(|_| std::env::var("TARGET_CC"))
+        .unwrap_or_else(|_| format!("{arch}-linux-gnu-gcc"));
+    cmd.env("GOOS", std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_else(|_| "linux".into()))
+        .env("GOARCH", goarch)
+        .env("CC", cc);
 }
