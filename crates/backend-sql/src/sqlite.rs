@@ -48,7 +48,7 @@ impl SqliteBackend {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             create_private_dir(dir)?;
         }
-        let mut conn = Connection::open(&path).with_context(|| format!("open SQLite database {}", path.display()))?;
+        let mut conn = Connection::open(&path).map_err(|e| unopenable(&path, e))?;
         schema::configure(&conn).with_context(|| format!("configure SQLite database {}", path.display()))?;
         let meta = schema::init(&mut conn).with_context(|| format!("initialise SQLite database {}", path.display()))?;
         let shared = Arc::new(Shared {
@@ -105,6 +105,29 @@ impl SqliteBackend {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// Why the database cannot be opened: SQLite's error, and when the directory it goes in takes
+/// no new file (a read-only mount, another owner: a container's volume, say), that and the fix.
+fn unopenable(path: &Path, e: rusqlite::Error) -> anyhow::Error {
+    let err = anyhow::Error::new(e).context(format!("open SQLite database {}", path.display()));
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let probe = dir.join(format!(".kine-rs-write-check-{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            err
+        }
+        Err(w) => {
+            let who = std::fs::metadata("/proc/self")
+                .map_or_else(|_| "?".to_string(), |m| std::os::unix::fs::MetadataExt::uid(&m).to_string());
+            err.context(format!(
+                "the directory {} takes no new file ({w}): make it writable for this process (uid {who}), or mount it \
+                 read-write",
+                dir.display()
+            ))
+        }
     }
 }
 

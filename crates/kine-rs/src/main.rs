@@ -8,6 +8,7 @@ mod embedded;
 mod endpoint;
 #[cfg(feature = "embedded-nats")]
 mod etcd_snapshot;
+mod health_probe;
 mod inspect;
 mod listen;
 mod metrics_http;
@@ -38,6 +39,15 @@ fn main() -> std::process::ExitCode {
     init_logging(&cli);
     if let Some(cli::Command::Snapshot(cli::SnapshotCommand::Restore { file })) = &cli.command {
         return match restore::run(&cli.endpoint, file) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(cli::Command::Health) = &cli.command {
+        return match health_probe::run(&cli) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("{e:#}");

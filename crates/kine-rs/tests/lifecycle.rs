@@ -251,3 +251,29 @@ async fn etcdctl_authority_forms_are_accepted() {
     assert!(ok && out.contains("Finished defragmenting"), "defrag with an http:// endpoint: {out}{err}");
     assert!(server.stop("TERM").await.success());
 }
+
+/// A database whose directory takes no new file (a container's read-only or foreign-owned
+/// volume) is refused naming the directory and the fix, not only SQLite's "unable to open".
+#[test]
+fn a_database_directory_that_takes_no_file_is_refused_naming_the_fix() {
+    let dir = TempDir::new("read-only-dir");
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    // Root writes through permission bits: a read-only mount then; anyone else: mode 0500.
+    let root = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap();
+    if root {
+        let status = Command::new("mount").args(["-t", "tmpfs", "-o", "ro", "tmpfs"]).arg(&ro).status().unwrap();
+        assert!(status.success(), "mount a read-only tmpfs");
+    } else {
+        std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o500)).unwrap();
+    }
+    let endpoint = format!("sqlite://{}/state.db", ro.display());
+    let (ok, _, err) =
+        run(Command::new(server_bin()).args(["--endpoint", &endpoint, "--listen-address", "127.0.0.1:0"]));
+    if root {
+        let _ = Command::new("umount").arg(&ro).status();
+    }
+    assert!(!ok, "kine-rs started on a directory that takes no file");
+    assert!(err.contains(&format!("the directory {} takes no new file", ro.display())), "{err}");
+    assert!(err.contains("make it writable for this process"), "{err}");
+}

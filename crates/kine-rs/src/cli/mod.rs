@@ -283,6 +283,9 @@ pub enum Command {
         #[arg(long)]
         revision: Option<i64>,
     },
+    /// Asks the kine-rs running here for its /health (on --metrics-bind-address), for container
+    /// health checks; exits 0 when it is healthy
+    Health,
     /// Reads the datastore --endpoint names without changing it (stopped, or served meanwhile):
     /// keys, values, a key's history, what changed between two revisions
     Inspect {
