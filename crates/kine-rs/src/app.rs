@@ -175,9 +175,12 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
     let server = tokio::spawn(kine_server::serve(store.clone(), config, bound.listener, tls, health, stop.clone()));
     let mut stop_wait = stop.clone();
     let mut server = server;
+    // A stop also ends the server: the stop is looked at first, so that a shutdown always
+    // drains (and says so) rather than passing for a server that ended on its own.
     let served = tokio::select! {
-        r = &mut server => Some(r),
+        biased;
         _ = stop_wait.wait() => None,
+        r = &mut server => Some(r),
     };
     let result = match served {
         // The server ended on its own: an error.
@@ -191,7 +194,6 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         }
         None => {
             tracing::info!("shutting down: draining requests");
-            crate::notify::notify("STOPPING=1");
             match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
                 Ok(_) => {}
                 Err(_) => {

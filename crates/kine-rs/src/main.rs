@@ -112,6 +112,7 @@ async fn signals(trigger: kine_core::shutdown::ShutdownTrigger) {
         _ = term.recv() => "SIGTERM",
     };
     tracing::info!("received {name}; shutting down (send it again to exit at once)");
+    notify::notify("STOPPING=1");
     trigger.trigger();
     let name = tokio::select! {
         _ = int.recv() => "SIGINT",

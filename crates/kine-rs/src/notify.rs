@@ -1,8 +1,9 @@
 //! systemd's readiness protocol (`sd_notify`): under a unit of `Type=notify`, systemd sets
 //! `NOTIFY_SOCKET` and counts the service as started only once it is told `READY=1`, so units
 //! ordered after kine-rs (kube-apiserver, k3s) start when it serves, not when its process
-//! exists. `STOPPING=1` when shutdown begins. Outside systemd (no `NOTIFY_SOCKET`) nothing is
-//! sent; a message that cannot be sent is logged at warn and changes nothing else.
+//! exists. `STOPPING=1` when shutdown begins (the first SIGTERM or SIGINT). Outside systemd
+//! (no `NOTIFY_SOCKET`) nothing is sent; a message that cannot be sent is logged at warn and
+//! changes nothing else.
 
 use std::os::unix::net::UnixDatagram;
 

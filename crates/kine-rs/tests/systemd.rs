@@ -9,12 +9,14 @@ use std::os::unix::net::UnixDatagram;
 use std::process::Command;
 use std::time::Duration;
 
-/// The next message on `socket`, within 30 s.
-fn next(socket: &UnixDatagram) -> String {
+/// The next message on `socket`, within 30 s (`what` and kine-rs's log name a failure).
+fn next(socket: &UnixDatagram, what: &str, log: &str) -> String {
     socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut buf = [0u8; 512];
-    let n = socket.recv(&mut buf).expect("a message from kine-rs within 30 s");
-    String::from_utf8_lossy(&buf[..n]).into_owned()
+    match socket.recv(&mut buf) {
+        Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        Err(e) => panic!("no {what} from kine-rs within 30 s ({e}); its log:\n{log}"),
+    }
 }
 
 async fn ready_then_stopping(socket: &UnixDatagram, notify_socket: &str) {
@@ -22,11 +24,11 @@ async fn ready_then_stopping(socket: &UnixDatagram, notify_socket: &str) {
     let mut cmd = Command::new(server_bin());
     cmd.env("NOTIFY_SOCKET", notify_socket);
     let mut server = Server::start_command(cmd, &["--endpoint", &db_endpoint(dir.path())]);
-    assert_eq!(next(socket), "READY=1");
+    assert_eq!(next(socket, "READY=1", &server.log()), "READY=1");
     // Ready means serving: a client's first request is answered.
     server.client().await.put("k", "v", None).await.unwrap();
     let status = server.stop("TERM").await;
-    assert_eq!(next(socket), "STOPPING=1");
+    assert_eq!(next(socket, "STOPPING=1", &server.log()), "STOPPING=1");
     assert!(status.success(), "{status:?}");
 }
 
