@@ -17,7 +17,8 @@
 # namespaces, configmaps, secrets (create/get/list/update/conflict/delete, server-side apply,
 # paginated lists, delete by label), a CustomResourceDefinition and objects of it, a background
 # `kubectl get --watch` that must see later changes, a Deployment that gets a ReplicaSet and
-# Pods and loses them to the garbage collector, namespace deletion; waits for a compaction by
+# Pods and loses them to the garbage collector, the shipped manifests (packaging/kubernetes,
+# a server-side dry run), namespace deletion; waits for a compaction by
 # kube-apiserver (kine-rs's etcd_debugging_mvcc_compact_revision > 0) and repeats writes, lists
 # and a watch after it; checks that kube-apiserver logged no storage errors and kine-rs no
 # errors; and tells whether kube-apiserver's lists used etcd's KV.RangeStream, from
@@ -567,6 +568,15 @@ if [[ $WITH_KCM == 1 ]]; then
     run_ok "delete deployment web" -n "$NS" delete deployment web --wait=true --timeout=60s
     wait_for "garbage collector deletes its ReplicaSet and Pods" 60 "" -n "$NS" get replicasets,pods -l app=web -o name
 fi
+
+# ---------------------------------------------------------------- shipped manifests
+
+# packaging/kubernetes/*.yaml, validated by this kube-apiserver (server-side dry run: every
+# object checked against its API schema and admission, nothing stored).
+for manifest in "$REPO_ROOT"/packaging/kubernetes/*.yaml; do
+    run_ok "kubectl apply --dry-run=server -f packaging/kubernetes/$(basename "$manifest")" \
+        -n "$NS" apply --dry-run=server -f "$manifest"
+done
 
 # ---------------------------------------------------------------- compaction
 
