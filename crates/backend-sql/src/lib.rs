@@ -17,6 +17,7 @@ mod remote;
 mod restore;
 mod schema;
 mod sqlite;
+mod sqlite_lock;
 mod view;
 mod writer;
 

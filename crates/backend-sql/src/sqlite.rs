@@ -36,6 +36,8 @@ pub struct SqliteBackend {
     member_id: u64,
     /// Opened with [`SqliteBackend::open_read_only`]: no writer; revisions read from the file.
     read_only: bool,
+    /// A writer's hold on the database (`sqlite_lock.rs`); `None` when read-only.
+    lock: Option<crate::sqlite_lock::ServeLock>,
 }
 
 impl SqliteBackend {
@@ -48,7 +50,13 @@ impl SqliteBackend {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             create_private_dir(dir)?;
         }
-        let mut conn = Connection::open(&path).map_err(|e| unopenable(&path, e))?;
+        let lock = crate::sqlite_lock::take(&path).map_err(|e| with_directory_hint(&path, e))?;
+        let mut conn = Connection::open(&path).map_err(|e| {
+            with_directory_hint(
+                &path,
+                anyhow::Error::new(e).context(format!("open SQLite database {}", path.display())),
+            )
+        })?;
         schema::configure(&conn).with_context(|| format!("configure SQLite database {}", path.display()))?;
         let meta = schema::init(&mut conn).with_context(|| format!("initialise SQLite database {}", path.display()))?;
         let shared = Arc::new(Shared {
@@ -66,6 +74,7 @@ impl SqliteBackend {
             cluster_id: meta.cluster_id,
             member_id: meta.member_id,
             read_only: false,
+            lock: Some(lock),
         })
     }
 
@@ -92,6 +101,7 @@ impl SqliteBackend {
             cluster_id: meta.cluster_id,
             member_id: meta.member_id,
             read_only: true,
+            lock: None,
         })
     }
 
@@ -108,10 +118,9 @@ impl SqliteBackend {
     }
 }
 
-/// Why the database cannot be opened: SQLite's error, and when the directory it goes in takes
-/// no new file (a read-only mount, another owner: a container's volume, say), that and the fix.
-fn unopenable(path: &Path, e: rusqlite::Error) -> anyhow::Error {
-    let err = anyhow::Error::new(e).context(format!("open SQLite database {}", path.display()));
+/// Why the database cannot be opened: `err`, and when the directory it goes in takes no new
+/// file (a read-only mount, another owner: a container's volume, say), that and the fix.
+fn with_directory_hint(path: &Path, err: anyhow::Error) -> anyhow::Error {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let probe = dir.join(format!(".kine-rs-write-check-{}", std::process::id()));
     match std::fs::File::create(&probe) {
@@ -259,6 +268,9 @@ impl Backend for SqliteBackend {
     async fn close(&self) {
         self.writer.close().await;
         self.readers.clear();
+        if let Some(lock) = &self.lock {
+            lock.release();
+        }
     }
 
     async fn auth_record(&self) -> Result<Option<AuthRecord>> {

@@ -136,7 +136,9 @@ async fn a_standby_goes_on_from_where_its_database_is_even_past_its_marker() {
     assert_eq!(standby.backend().revisions().await.unwrap().current, 1);
     standby.close().await;
 
-    // The writer's own database is its store; without a marker another node's is refused.
+    // The writer's own database is its store (opened again once the writer closed it: one
+    // SQLite database takes one writer at a time); without a marker another node's is refused.
+    writer.backend.close().await;
     let mut own = local(&dir.path().join("writer"));
     own.examine(s3.as_ref(), Some(&m)).await.unwrap();
     assert_eq!(own.holds(), &Holds::Own);

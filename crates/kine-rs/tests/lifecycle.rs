@@ -277,3 +277,24 @@ fn a_database_directory_that_takes_no_file_is_refused_naming_the_fix() {
     assert!(err.contains(&format!("the directory {} takes no new file", ro.display())), "{err}");
     assert!(err.contains("make it writable for this process"), "{err}");
 }
+
+/// One SQLite database, one serving kine-rs: a second process on the same file is refused at
+/// start naming the first one's pid (both would hand out the same revisions); once the first
+/// stopped, it starts. Reading the file meanwhile (`inspect`) is not refused.
+#[tokio::test]
+async fn a_second_kine_rs_on_one_sqlite_file_is_refused_naming_the_first() {
+    let dir = TempDir::new("sqlite-twice");
+    let endpoint = db_endpoint(dir.path());
+    let mut first = Server::start(&["--endpoint", &endpoint]);
+    first.client().await.put("k", "v", None).await.unwrap();
+    let (ok, _, err) = run(Command::new(BIN).args(["--endpoint", &endpoint, "--listen-address", "127.0.0.1:0"]));
+    assert!(!ok, "a second kine-rs served the same SQLite file");
+    assert!(err.contains(&format!("is open for writing in process {}", first.child.id())), "{err}");
+    assert!(err.contains("one SQLite database is served by one kine-rs at a time"), "{err}");
+    let (ok, out, err) = run(Command::new(BIN).args(["--endpoint", &endpoint, "inspect", "get", "k"]));
+    assert!(ok && out.contains('v'), "inspect while served: {err}");
+    assert!(first.stop("TERM").await.success());
+    let second = Server::start(&["--endpoint", &endpoint]);
+    let got = second.client().await.get("k", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"v");
+}
