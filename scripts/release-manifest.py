@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,9 +99,8 @@ def go_modules(target):
 
 def main():
     target, out_dir = sys.argv[1], sys.argv[2]
-    version = subprocess.run([sys.executable, "-c", "import tomllib,sys; print(tomllib.load(open(sys.argv[1],'rb'))"
-                              "['workspace']['package']['version'])", os.path.join(REPO, "Cargo.toml")],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(REPO, "Cargo.toml"), "rb") as f:
+        version = tomllib.load(f)["workspace"]["package"]["version"]
     crates, modules = rust_crates(target), go_modules(target)
     missing = [c["name"] for c in crates + modules if not c["files"] and not c["license"]]
     if missing:
