@@ -16,6 +16,7 @@ mod migrate;
 mod notify;
 mod restore;
 mod s3;
+mod self_docs;
 mod version;
 
 use tracing_subscriber::EnvFilter;
@@ -34,26 +35,30 @@ fn init_logging(cli: &cli::Cli) {
     }
 }
 
+/// The exit status of a command that ran to `result`; an error is logged.
+fn ended(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::from_args();
     init_logging(&cli);
-    if let Some(cli::Command::Snapshot(cli::SnapshotCommand::Restore { file })) = &cli.command {
-        return match restore::run(&cli.endpoint, file) {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!("{e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        };
-    }
-    if let Some(cli::Command::Health) = &cli.command {
-        return match health_probe::run(&cli) {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!("{e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        };
+    match &cli.command {
+        Some(cli::Command::Snapshot(cli::SnapshotCommand::Restore { file })) => {
+            return ended(restore::run(&cli.endpoint, file));
+        }
+        Some(cli::Command::Health) => return ended(health_probe::run(&cli)),
+        Some(cli::Command::Completions { shell }) => {
+            return ended(self_docs::completions(*shell, &mut std::io::stdout().lock()));
+        }
+        Some(cli::Command::Man { dir }) => return ended(self_docs::man(dir.as_deref())),
+        _ => {}
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -72,13 +77,7 @@ fn main() -> std::process::ExitCode {
         _ => None,
     };
     if let Some(result) = other {
-        return match result {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!("{e:#}");
-                std::process::ExitCode::FAILURE
-            }
-        };
+        return ended(result);
     }
     let result = runtime.block_on(async {
         let (trigger, stop) = app::shutdown_channel();
@@ -87,13 +86,7 @@ fn main() -> std::process::ExitCode {
         signals.abort();
         result
     });
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    ended(result)
 }
 
 /// First SIGINT/SIGTERM: graceful shutdown. Second: exit at once with status 1.

@@ -283,6 +283,22 @@ pub enum Command {
         #[arg(long)]
         revision: Option<i64>,
     },
+    /// Prints a shell completion script for kine-rs (bash, zsh, fish, elvish, powershell)
+    ///
+    /// bash: `kine-rs completions bash > /etc/bash_completion.d/kine-rs`;
+    /// zsh: into a directory of $fpath as `_kine-rs`; fish: `~/.config/fish/completions/kine-rs.fish`
+    Completions {
+        /// The shell to complete in
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Writes kine-rs's manual pages (kine-rs.1 and one per subcommand), generated from these
+    /// flags; without --dir prints kine-rs.1
+    Man {
+        /// Directory to write every page into (created if missing)
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Asks the kine-rs running here for its /health (on --metrics-bind-address), for container
     /// health checks; exits 0 when it is healthy
     Health,
@@ -368,6 +384,8 @@ mod tests {
         &["inspect", "diff", "1", "2"],
         &["migrate", "--from", "sqlite://a.db", "--to", "sqlite://b.db"],
         &["s3-restore", "--revision", "5"],
+        &["completions", "bash"],
+        &["man", "--dir", "pages"],
     ];
 
     /// Every program flag is taken before and after every subcommand, to the same effect (and
