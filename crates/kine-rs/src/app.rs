@@ -16,17 +16,13 @@ use kine_core::shutdown::{self, Shutdown, ShutdownTrigger};
 use kine_core::store::{Store, StoreOptions};
 use std::sync::Arc;
 use std::time::Duration;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// How long each background task may take to stop once shutdown starts.
 const TASK_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long in-flight requests may take to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn server_tls(cli: &Cli) -> Result<Option<ServerTlsConfig>> {
-    let read = |flag: &str, path: &std::path::Path| {
-        std::fs::read(path).with_context(|| format!("{flag} {}: cannot read", path.display()))
-    };
+fn server_tls(cli: &Cli) -> Result<Option<kine_server::Tls>> {
     match (&cli.server_cert_file, &cli.server_key_file) {
         (None, None) => {
             if cli.trusted_ca_file.is_some() {
@@ -39,12 +35,11 @@ fn server_tls(cli: &Cli) -> Result<Option<ServerTlsConfig>> {
         (Some(_), None) => bail!("--server-cert-file is set but --server-key-file is not"),
         (None, Some(_)) => bail!("--server-key-file is set but --server-cert-file is not"),
         (Some(cert), Some(key)) => {
-            let mut tls = ServerTlsConfig::new()
-                .identity(Identity::from_pem(read("--server-cert-file", cert)?, read("--server-key-file", key)?));
-            if let Some(ca) = &cli.trusted_ca_file {
-                tls = tls.client_ca_root(Certificate::from_pem(read("--trusted-ca-file", ca)?));
-            }
-            Ok(Some(tls))
+            let ca = cli.trusted_ca_file.as_deref();
+            let config = crate::tls_config::etcd(cert, key, ca)?;
+            let explainer =
+                kine_server::tls::Explainer::new(cert.display().to_string(), ca.map(|ca| ca.display().to_string()));
+            Ok(Some(kine_server::Tls { config, explainer: Arc::new(explainer) }))
         }
     }
 }
@@ -155,11 +150,21 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         }
         None => "off".to_string(),
     };
+    // The certificate and the CA clients must be signed by, as given (kube-apiserver's
+    // --etcd-cafile must hold the CA that signed the first).
+    let tls_shown = match &tls {
+        None => "off".to_string(),
+        Some(t) => format!(
+            "certificate {}, client certificates {}",
+            t.explainer.server_cert,
+            t.explainer.client_ca.as_deref().map_or("not asked for".to_string(), |ca| format!("signed by {ca}"))
+        ),
+    };
     tracing::info!(
         backend = backend.name(),
         revision,
         listen = %bound.description,
-        tls = tls.is_some(),
+        tls = %tls_shown,
         metrics = %metrics_address,
         version = crate::version::LONG,
         "kine-rs ready: etcd clients connect to {}",

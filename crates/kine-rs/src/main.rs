@@ -17,6 +17,7 @@ mod notify;
 mod restore;
 mod s3;
 mod self_docs;
+mod tls_config;
 mod version;
 
 use tracing_subscriber::EnvFilter;

@@ -30,20 +30,7 @@ pub fn address(flag: &str) -> Result<Option<String>> {
 
 /// TLS for the listener from the server certificate and key files (PEM).
 pub fn tls(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .with_context(|| format!("--server-cert-file {}", cert.display()))?;
-    let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("--server-key-file {}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS versions")?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .context("--server-cert-file/--server-key-file for the metrics listener")?;
-    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    Ok(tokio_rustls::TlsAcceptor::from(crate::tls_config::metrics(cert, key)?))
 }
 
 /// Binds the listener (a busy port stops start-up, naming the flag).

@@ -22,6 +22,7 @@ mod lock;
 mod maintenance;
 mod range_stream;
 mod snapshot;
+pub mod tls;
 mod watch;
 
 use kine_core::shutdown::Shutdown;
@@ -29,7 +30,7 @@ use kine_core::store::Store;
 use kine_proto::etcdserverpb as pb;
 use std::sync::Arc;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tonic::transport::{Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 /// etcd's gRPC allowance on top of `--max-request-bytes`.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -110,7 +111,7 @@ pub async fn serve(
     store: Arc<Store>,
     config: ServerConfig,
     listener: Listener,
-    tls: Option<ServerTlsConfig>,
+    tls: Option<Tls>,
     health: HealthReporter,
     shutdown: Shutdown,
 ) -> Result<(), tonic::transport::Error> {
@@ -122,10 +123,7 @@ pub async fn serve(
         config: Arc::new(config),
         shutdown: shutdown.clone(),
     };
-    let mut builder = Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
+    let builder = Server::builder();
     let health_service = tonic_health::pb::health_server::HealthServer::new(
         tonic_health::server::HealthService::from_health_reporter(health),
     );
@@ -177,8 +175,8 @@ pub async fn serve(
         .add_routes(served.into());
     let mut stop = shutdown;
     let signal = async move { stop.wait().await };
-    match listener {
-        Listener::Tcp(l) => {
+    match (listener, tls) {
+        (Listener::Tcp(l), None) => {
             let incoming = TcpListenerStream::new(l).map(|s| {
                 if let Ok(s) = &s {
                     let _ = s.set_nodelay(true);
@@ -187,8 +185,21 @@ pub async fn serve(
             });
             router.serve_with_incoming_shutdown(incoming, signal).await
         }
-        Listener::Unix(l) => router.serve_with_incoming_shutdown(UnixListenerStream::new(l), signal).await,
+        (Listener::Unix(l), None) => router.serve_with_incoming_shutdown(UnixListenerStream::new(l), signal).await,
+        (Listener::Tcp(l), Some(tls)) => {
+            router.serve_with_incoming_shutdown(tls::incoming(l, tls.config, tls.explainer), signal).await
+        }
+        (Listener::Unix(l), Some(tls)) => {
+            router.serve_with_incoming_shutdown(tls::incoming(l, tls.config, tls.explainer), signal).await
+        }
     }
+}
+
+/// TLS for the etcd port: the rustls configuration (certificate, client-certificate
+/// verification, ALPN h2 and http/1.1) and what explains a refused handshake.
+pub struct Tls {
+    pub config: Arc<rustls::ServerConfig>,
+    pub explainer: Arc<tls::Explainer>,
 }
 
 use tokio_stream::StreamExt as _;

@@ -58,3 +58,50 @@ pub fn make_certs(dir: &Path) {
         );
     }
 }
+
+/// Signs a certificate `NAME.crt`/`NAME.key` with CN `cn` and extendedKeyUsage `usage` by the
+/// CA `CA.crt`/`CA.key` in `dir` (made by `make_ca` or `make_certs`), for 127.0.0.1 and
+/// localhost.
+pub fn sign(dir: &Path, ca: &str, name: &str, cn: &str, usage: &str) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    std::fs::write(
+        dir.join(format!("{name}.ext")),
+        format!("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\n"),
+    )
+    .unwrap();
+    let (key, csr, crt, ext) =
+        (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"), format!("{name}.ext"));
+    let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
+    openssl(dir, &[&["req"], &ec[..], &["-keyout", &key, "-out", &csr, "-subj", &format!("/CN={cn}")]].concat());
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_crt,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ],
+    );
+}
+
+/// Writes a self-signed CA `NAME.crt`/`NAME.key` into `dir`.
+pub fn make_ca(dir: &Path, name: &str) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let (key, crt) = (format!("{name}.key"), format!("{name}.crt"));
+    openssl(
+        dir,
+        &[&["req", "-x509"], &ec[..], &["-keyout", &key, "-out", &crt, "-days", "2", "-subj", &format!("/CN={name}")]]
+            .concat(),
+    );
+}
