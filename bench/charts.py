@@ -4,6 +4,7 @@ Python standard library only.
 
     charts.py etcd-api RUNS.log OUTDIR     (bench/compare.sh's runs.log)
     charts.py apiserver RUNS.log OUTDIR    (bench/apiserver.sh's runs.log)
+    charts.py kwok RUNS.log OUTDIR         (bench/kwok.sh's runs.log)
 
 Writes into OUTDIR:
     <level>-ratios.svg   every workload (rows) and system (columns) as a ratio against etcd:
@@ -17,6 +18,8 @@ Writes into OUTDIR:
                          (log scale).
     <level>-memory.svg   the server's memory per system: idle and peak under load (etcd API),
                          resident at the end of each phase (kube-apiserver).
+    kwok-p99.svg         the worst mutating API call's p99 against the cluster's size, a line
+                         per system (kwok.sh); kwok-store-p99.svg the datastore writes' p99.
 Medians over the rounds, as in the tables of summarize.py and summarize-apiserver.py."""
 import importlib.util
 import math
@@ -199,6 +202,64 @@ def apiserver(path, outdir):
         "kube-apiserver: the datastore's resident memory at the end of each phase", "MiB"))
 
 
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
+
+
+def lines(series, title, xlabel, unit):
+    """A line chart: series is {name: [(x, y), ...]}; log-scaled y, linear x."""
+    points = [pt for pts in series.values() for pt in pts if pt[1] and pt[1] > 0]
+    if not points:
+        return svg(400, 60, ['<text x="10" y="40">no data</text>'], title)
+    width, height, left, top, plot_w, plot_h = 640, 360, 60, 40, 430, 260
+    xmax = max(x for x, _ in points)
+    ylo = 10 ** math.floor(math.log10(min(y for _, y in points)))
+    yhi = 10 ** math.ceil(math.log10(max(y for _, y in points)))
+    if yhi <= ylo:
+        yhi = ylo * 10
+
+    def px(x):
+        return left + plot_w * x / xmax
+
+    def py(y):
+        return top + plot_h * (1 - (math.log10(y) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo)))
+    body = [f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="black"/>',
+            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="black"/>',
+            f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">{escape(xlabel)}</text>',
+            f'<text x="12" y="{top + plot_h / 2}" transform="rotate(-90 12 {top + plot_h / 2})" text-anchor="middle">{escape(unit)}</text>']
+    decade = ylo
+    while decade <= yhi:
+        y = py(decade)
+        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
+        body.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{decade:g}</text>')
+        decade *= 10
+    for x in sorted({x for x, _ in points}):
+        body.append(f'<text x="{px(x):.1f}" y="{top + plot_h + 14}" text-anchor="middle">{x:g}</text>')
+    for k, (name, pts) in enumerate(series.items()):
+        pts = sorted(pt for pt in pts if pt[1] and pt[1] > 0)
+        c = PALETTE[k % len(PALETTE)]
+        if len(pts) > 1:
+            path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+            body.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
+        for x, y in pts:
+            body.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{c}"/>')
+        ly = top + 14 * k
+        body.append(f'<rect x="{left + plot_w + 12}" y="{ly}" width="10" height="10" fill="{c}"/>')
+        body.append(f'<text x="{left + plot_w + 26}" y="{ly + 9}">{escape(name)}</text>')
+    return svg(width, height, body, title)
+
+
+def kwok(path, outdir):
+    import json
+    runs = [json.loads(line) for line in open(path) if line.startswith("{")]
+    ready = [r for r in runs if r.get("ready")]
+    mutating, store = {}, {}
+    for r in ready:
+        mutating.setdefault(r["label"], []).append((r["nodes"], 1000 * r["slo"].get("mutating", {}).get("p99_s", 0)))
+        store.setdefault(r["label"], []).append((r["nodes"], 1000 * (r["store"].get("writes", {}).get("p99_s") or 0)))
+    write(outdir, "kwok-p99.svg", lines(mutating, "Worst mutating API call p99 during churn (SLO: 1 s)", "nodes", "ms"))
+    write(outdir, "kwok-store-p99.svg", lines(store, "kube-apiserver's datastore writes p99 during churn", "nodes", "ms"))
+
+
 def write(outdir, name, text):
     with open(os.path.join(outdir, name), "w") as f:
         f.write(text)
@@ -206,10 +267,10 @@ def write(outdir, name, text):
 
 
 def main():
-    if len(sys.argv) != 4 or sys.argv[1] not in ("etcd-api", "apiserver"):
+    if len(sys.argv) != 4 or sys.argv[1] not in ("etcd-api", "apiserver", "kwok"):
         sys.exit(__doc__)
     os.makedirs(sys.argv[3], exist_ok=True)
-    (etcd_api if sys.argv[1] == "etcd-api" else apiserver)(sys.argv[2], sys.argv[3])
+    {"etcd-api": etcd_api, "apiserver": apiserver, "kwok": kwok}[sys.argv[1]](sys.argv[2], sys.argv[3])
 
 
 if __name__ == "__main__":

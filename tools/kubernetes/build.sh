@@ -4,14 +4,17 @@
 # modules with directories; go.mod here replaces them with the published k8s.io/* v0.37.2) and
 # installs them as BINDIR/NAME-$KUBE_VERSION (default BINDIR: $(go env GOPATH)/bin). Flags as
 # upstream's release build (hack/lib/golang.sh): static, -trimpath, tags selinux,notest,grpcnotrace,
-# stripped, version stamped. Does nothing when all three are there and report $KUBE_VERSION.
+# stripped, version stamped. Does nothing when all of them are there and report $KUBE_VERSION.
+# NAMEs: which to build (default kube-apiserver kube-controller-manager kubectl, what the tests
+# need; kube-scheduler too for bench/kwok.sh). An empty BINDIR is the default.
 #
-#   tools/kubernetes/build.sh [BINDIR]
+#   tools/kubernetes/build.sh [BINDIR [NAME...]]
 set -euo pipefail
 cd "$(dirname "$0")"
 
 KUBE_VERSION=1.37.2
 bindir=${1:-$(go env GOPATH)/bin}
+[ $# -gt 0 ] && shift
 
 # Prints the version a binary reports ("v1.37.2"), or nothing.
 reported() {
@@ -21,7 +24,11 @@ reported() {
   esac
 }
 
-names=(kube-apiserver kube-controller-manager kubectl)
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(kube-apiserver kube-controller-manager kubectl)
+for n in "${names[@]}"; do
+  [ -f "$n/main.go" ] || { echo "kubernetes: no $n here (one of: $(ls -d kube*/ | tr -d / | xargs))" >&2; exit 2; }
+done
 missing=()
 for n in "${names[@]}"; do
   [ "$(reported "$n")" = "v$KUBE_VERSION" ] || missing+=("$n")

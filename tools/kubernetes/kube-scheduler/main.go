@@ -1,0 +1,15 @@
+// kube-scheduler, as k8s.io/kubernetes/cmd/kube-scheduler builds it (same imports, same main);
+// built on request only (bench/kwok.sh): tools/kubernetes/build.sh "" kube-scheduler.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // JSON log format
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics
+	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric
+	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+)
+
+func main() { os.Exit(cli.Run(app.NewSchedulerCommand())) }
