@@ -9,8 +9,8 @@
 # Systems (bench/stores.sh; default: all but kine-rs-nats-cluster): etcd (3.7), kine-sqlite,
 # kine-nats-embedded (Go kine v0.17.5), kine-rs-sqlite, kine-rs-nats-embedded, kine-rs-nats (an
 # external nats-server), kine-rs-nats-cluster, kine-rs-postgres, kine-rs-mysql. Each round
-# starts every system afresh (its own empty store), one after the other, with a new kube-apiserver 1.37.2 on it; the load runs alone on the
-# machine with them. Defaults: 1 round, 10 namespaces × 500 ConfigMaps, 16 clients, 10 watchers.
+# starts every system afresh (its own empty store), one after the other, with a new
+# kube-apiserver 1.37.2 on it; the load runs alone on the machine with them. Defaults: 1 round, 10 namespaces × 500 ConfigMaps, 16 clients, 10 watchers.
 #
 # Needs: target/release/kine-rs (cargo build --release -p kine-rs); etcd-3.7, nats-server and
 # kube-apiserver-1.37.2 in $(go env GOPATH)/bin (scripts/install-test-deps); Go kine (installed
