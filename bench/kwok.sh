@@ -127,7 +127,7 @@ for system in "${systems[@]}"; do
         line=$(python3 bench/kwok-load.py --server https://127.0.0.1:23943 --ca "$work/serving.crt" \
             --token "${tokens[bench-load]}" --label "$system" --nodes "$nodes" --pods "$pods" \
             --churn-seconds "$churn" --ready-timeout "$ready_timeout" --store-pids "$store_pids" \
-            --store-dir "$dir") || { say "# FAILED: $system at $step (the load script failed)"; break; }
+            --store-dir "$store_dir") || { say "# FAILED: $system at $step (the load script failed)"; break; }
         say "$line"
         [[ $line == *'"ready": true'* ]] || { say "# $system: not every pod ran within ${ready_timeout} s at $step; its ladder ends"; break; }
     done

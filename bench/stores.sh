@@ -68,10 +68,11 @@ make_certs() {
 
 # start_store SYSTEM DIR: starts the datastore, its etcd API URLs in $store_urls (comma
 # separated) and its processes in $store_pids (all of them count for CPU and memory), its data
-# under DIR.
+# under DIR, or for PostgreSQL and MariaDB in the throwaway server's directory: $store_dir is
+# where it is.
 start_store() {
     local system=$1 dir=$2 url="http://127.0.0.1:23900" listen=(--listen-address 127.0.0.1:23900 --metrics-bind-address 0)
-    store_pids="" store_urls=$url
+    store_pids="" store_urls=$url store_dir=$dir
     case "$system" in
     etcd)
         "$etcd" --name default --data-dir "$dir/etcd" --log-level warn --listen-client-urls "$url" \
@@ -103,11 +104,11 @@ start_store() {
         return ;;
     kine-rs-postgres)
         pg_throwaway_start >/dev/null
-        store_pids=$(head -1 "$PG_THROWAWAY_DIR/data/postmaster.pid")
+        store_pids=$(head -1 "$PG_THROWAWAY_DIR/data/postmaster.pid") store_dir=$PG_THROWAWAY_DIR
         "$kine_rs" "${listen[@]}" --endpoint "$PG_THROWAWAY_URL/kine?sslmode=disable" >"$out/$system.log" 2>&1 & ;;
     kine-rs-mysql)
         mysql_throwaway_start >/dev/null
-        store_pids=$MYSQL_THROWAWAY_PID
+        store_pids=$MYSQL_THROWAWAY_PID store_dir=$MYSQL_THROWAWAY_DIR
         "$kine_rs" "${listen[@]}" --endpoint "$MYSQL_THROWAWAY_URL/kine" >"$out/$system.log" 2>&1 & ;;
     *) stores_die "unknown system $system" ;;
     esac
