@@ -182,17 +182,9 @@ async fn a_client_certificate_names_the_user() {
     let certs = TempDir::new("auth-tls");
     let d = certs.path();
     make_certs(d);
-    let p = |n: &str| d.join(n).display().to_string();
-    let (server, _dir) = sqlite_server(&[
-        "--server-cert-file",
-        &p("server.crt"),
-        "--server-key-file",
-        &p("server.key"),
-        "--trusted-ca-file",
-        &p("ca.crt"),
-        "--bcrypt-cost",
-        "4",
-    ]);
+    let mut flags = common::client_cert_tls_flags(d);
+    flags.extend(["--bcrypt-cost".to_string(), "4".to_string()]);
+    let (server, _dir) = sqlite_server(&flags.iter().map(String::as_str).collect::<Vec<_>>());
     let read = |n: &str| std::fs::read(d.join(n)).unwrap();
     let tls = TlsOptions::new()
         .ca_certificate(Certificate::from_pem(read("ca.crt")))

@@ -27,14 +27,8 @@ async fn tls_with_client_certificates() {
     let d = certs.path();
     make_certs(d);
     let p = |n: &str| d.join(n).display().to_string();
-    let (server, _dir) = sqlite_server(&[
-        "--server-cert-file",
-        &p("server.crt"),
-        "--server-key-file",
-        &p("server.key"),
-        "--trusted-ca-file",
-        &p("ca.crt"),
-    ]);
+    let flags = client_cert_tls_flags(d);
+    let (server, _dir) = sqlite_server(&flags.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(server.url.starts_with("https://127.0.0.1:"), "{}", server.url);
     let ready = format!("tls=certificate {}, client certificates signed by {}", p("server.crt"), p("ca.crt"));
     assert!(server.log().contains(&ready), "the ready line must name the TLS files:\n{}", server.log());
@@ -97,14 +91,8 @@ async fn refused_handshakes_are_explained() {
     sign(d, "other-ca", "stranger", "stranger", "clientAuth");
     sign(d, "ca", "server-only", "server-only", "serverAuth");
     let p = |n: &str| d.join(n).display().to_string();
-    let (server, _dir) = sqlite_server(&[
-        "--server-cert-file",
-        &p("server.crt"),
-        "--server-key-file",
-        &p("server.key"),
-        "--trusted-ca-file",
-        &p("ca.crt"),
-    ]);
+    let flags = client_cert_tls_flags(d);
+    let (server, _dir) = sqlite_server(&flags.iter().map(String::as_str).collect::<Vec<_>>());
     let endpoint = server.url.clone();
     let etcdctl = |args: &[String]| {
         let out = std::process::Command::new("etcdctl")

@@ -265,3 +265,12 @@ pub fn json_number(json: &str, key: &str) -> Option<i64> {
     let at = json.rfind(&format!("\"{key}\":"))? + key.len() + 3;
     json[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
+
+/// The flags of TLS with client certificates from `kine_testkit::certs::make_certs`'s files in
+/// `dir`: the server certificate and key, and `ca.crt` as `--trusted-ca-file`.
+pub fn client_cert_tls_flags(dir: &Path) -> Vec<String> {
+    let p = |n: &str| dir.join(n).display().to_string();
+    ["--server-cert-file", &p("server.crt"), "--server-key-file", &p("server.key"), "--trusted-ca-file", &p("ca.crt")]
+        .map(String::from)
+        .to_vec()
+}
