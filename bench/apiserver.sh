@@ -41,16 +41,7 @@ done
 
 check_binaries "${systems[@]}"
 
-out=target/bench/apiserver-$(date -u +%Y%m%dT%H%M%SZ)
-mkdir -p "$out"
-runs=$out/runs.log
-work=$(mktemp -d /tmp/kine-rs-apibench.XXXXXX)
-trap stores_cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-say() { echo "$*" | tee -a "$runs"; }
-
-make_certs
+stores_begin apiserver
 token=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 echo "$token,bench-admin,bench-admin,system:masters" >"$work/tokens.csv"
 

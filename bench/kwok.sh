@@ -56,16 +56,7 @@ stages=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$kwok_version/kustomize/stage
 [[ -d $stages ]] || go mod download "sigs.k8s.io/kwok@$kwok_version" 2>/dev/null || true
 [[ -d $stages ]] || stores_die "kwok's stages not found in $stages"
 
-out=target/bench/kwok-$(date -u +%Y%m%dT%H%M%SZ)
-mkdir -p "$out"
-runs=$out/runs.log
-work=$(mktemp -d /tmp/kine-rs-kwok.XXXXXX)
-trap stores_cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-say() { echo "$*" | tee -a "$runs"; }
-
-make_certs
+stores_begin kwok
 declare -A tokens
 : >"$work/tokens.csv"
 # The load (first: start_apiserver's readiness check uses it), then the components.

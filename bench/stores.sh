@@ -1,6 +1,6 @@
 # The datastores and the kube-apiserver the benchmarks run against, started and stopped the same
-# way in each (bench/apiserver.sh, bench/kwok.sh). Sourced; the script sets `out` (its report
-# directory) and `work` (a scratch directory) first, and calls `stores_cleanup` on exit.
+# way in each (bench/apiserver.sh, bench/kwok.sh). Sourced; the script calls `stores_begin NAME`
+# before starting anything.
 #
 # Systems: etcd (3.7), kine-sqlite and kine-nats-embedded (Go kine v0.17.5), kine-rs-sqlite,
 # kine-rs-nats-embedded, kine-rs-nats (an external nats-server), kine-rs-nats-cluster (three
@@ -56,6 +56,21 @@ stores_cleanup() {
     mysql_throwaway_stop 2>/dev/null || true
     rm -rf "$work"
 }
+
+# stores_begin NAME: a run's report directory target/bench/NAME-<time> ($out, its report lines
+# in $runs, appended with `say`), a scratch directory ($work) removed with everything started
+# when the script ends, and kube-apiserver's certificates (make_certs).
+stores_begin() {
+    out=target/bench/$1-$(date -u +%Y%m%dT%H%M%SZ)
+    mkdir -p "$out"
+    runs=$out/runs.log
+    work=$(mktemp -d "/tmp/kine-rs-$1.XXXXXX")
+    trap stores_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    make_certs
+}
+say() { echo "$*" | tee -a "$runs"; }
 
 # make_certs: kube-apiserver's serving certificate and service-account key in $work.
 make_certs() {

@@ -27,6 +27,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "lib"))
+from kubeswitch import apiserver_files  # noqa: E402
 from kubeswitch.proc import Proc, free_port  # noqa: E402
 
 GUIDE = os.path.join(ROOT, "docs", "integrations.md")
@@ -168,31 +169,7 @@ class Run:
     # ------------------------------------------------------------------ kube-apiserver
 
     def apiserver_certificates(self):
-        w = self.work
-        for argv in (
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-days", "2", "-subj", "/CN=integrations", "-addext", "subjectAltName=IP:127.0.0.1",
-             "-keyout", f"{w}/serving.key", "-out", f"{w}/serving.crt"],
-            ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", f"{w}/sa.key"],
-        ):
-            subprocess.run(argv, check=True, capture_output=True)
-        token = os.urandom(16).hex()
-        with open(f"{w}/tokens.csv", "w") as f:
-            f.write(f"{token},guide-admin,guide-admin,system:masters\n")
-        with open(self.env["KUBECONFIG"], "w") as f:
-            f.write(f"""apiVersion: v1
-kind: Config
-clusters:
-- name: guide
-  cluster: {{server: "https://127.0.0.1:{self.api_port}", certificate-authority: "{w}/serving.crt"}}
-users:
-- name: admin
-  user: {{token: "{token}"}}
-contexts:
-- name: guide
-  context: {{cluster: guide, user: admin}}
-current-context: guide
-""")
+        apiserver_files.write(self.work, self.api_port, "integrations")
 
     def kubectl(self, *args, check=True):
         out = subprocess.run([self.bin["kubectl"], *args], env=self.env, capture_output=True, text=True, timeout=60)

@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.parse
 
+from . import apiserver_files
 from .proc import Abort, Proc, free_port
 
 NS = "switch"
@@ -99,7 +100,6 @@ class Cluster:
         self.apiserver = None
         self.kcm = None
         self.local = threading.local()
-        self.token = secrets.token_hex(16)
         self.port = free_port()
         self.replicas = 3
         self.hop = 0
@@ -109,31 +109,8 @@ class Cluster:
     # ------------------------------------------------------------------ processes
 
     def _certificates(self):
-        w = self.work
-        for argv in (
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-days", "2", "-subj", "/CN=kube-switch", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-             "-keyout", f"{w}/serving.key", "-out", f"{w}/serving.crt"],
-            ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", f"{w}/sa.key"],
-        ):
-            subprocess.run(argv, check=True, capture_output=True)
-        with open(f"{w}/tokens.csv", "w") as f:
-            f.write(f"{self.token},kube-switch-admin,kube-switch-admin,system:masters\n")
-        with open(f"{w}/kubeconfig", "w") as f:
-            f.write(f"""apiVersion: v1
-kind: Config
-clusters:
-- name: switch
-  cluster: {{server: "https://127.0.0.1:{self.port}", certificate-authority: "{w}/serving.crt"}}
-users:
-- name: admin
-  user: {{token: "{self.token}"}}
-contexts:
-- name: switch
-  context: {{cluster: switch, user: admin}}
-current-context: switch
-""")
-        self.tls = ssl.create_default_context(cafile=f"{w}/serving.crt")
+        self.token = apiserver_files.write(self.work, self.port, "kube-switch")
+        self.tls = ssl.create_default_context(cafile=f"{self.work}/serving.crt")
 
     def start(self, store):
         """kube-apiserver on `store` (the same port, certificates and flags at every hop)."""
