@@ -5,6 +5,7 @@
 //! This crate knows SQL and `kine-core`, nothing of gRPC.
 
 mod auth;
+mod compact_worker;
 mod events;
 mod foreign;
 mod gokine_log;
@@ -14,9 +15,11 @@ mod mysql;
 mod pg;
 mod pool;
 mod remote;
+mod removal;
 mod restore;
 mod schema;
 mod sqlite;
+mod sqlite_compact;
 mod sqlite_lock;
 mod view;
 mod writer;

@@ -203,7 +203,12 @@ impl Backend for SqliteBackend {
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
         self.refuse_write()?;
-        self.writer.submit(|reply| Job::Compact(revision, reply)).await
+        self.writer.submit(|reply| Job::Compact { revision, physical: true, reply }).await
+    }
+
+    async fn compact_logically(&self, revision: Revision) -> Result<Revision> {
+        self.refuse_write()?;
+        self.writer.submit(|reply| Job::Compact { revision, physical: false, reply }).await
     }
 
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {

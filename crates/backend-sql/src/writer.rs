@@ -1,4 +1,4 @@
-//! The single SQLite writer thread, with group commit.
+//! The single SQLite writer thread, with group commit (and compaction, `sqlite_compact.rs`).
 //!
 //! Write requests queue on a channel. The thread takes every request already waiting (up to
 //! `MAX_BATCH`), applies each in its own savepoint inside one transaction, commits once (one
@@ -7,12 +7,13 @@
 //! savepoint and fails alone; a failed commit fails the whole batch and publishes nothing.
 
 use crate::schema;
+use crate::sqlite_compact::Compacting;
 use crate::view::SqlView;
 use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
 use kine_core::{Error, Result, Revision, RevisionEvents};
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, TransactionBehavior};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, mpsc};
 use tokio::sync::{broadcast, oneshot};
@@ -24,7 +25,13 @@ pub type Reply<T> = oneshot::Sender<Result<T>>;
 
 pub enum Job {
     Write(WriteOp, Reply<Revisioned<WriteResponse>>),
-    Compact(Revision, Reply<Revision>),
+    /// With `physical`, answered once the superseded versions are deleted, else once reads
+    /// below the revision are refused.
+    Compact {
+        revision: Revision,
+        physical: bool,
+        reply: Reply<Revision>,
+    },
     Defragment(Reply<()>),
     /// Finish queued work, checkpoint the WAL and stop.
     Close(oneshot::Sender<()>),
@@ -82,7 +89,7 @@ impl Job {
             Job::Write(_, reply) => {
                 let _ = reply.send(Err(e));
             }
-            Job::Compact(_, reply) => {
+            Job::Compact { reply, .. } => {
                 let _ = reply.send(Err(e));
             }
             Job::Defragment(reply) => {
@@ -163,12 +170,22 @@ pub fn spawn(conn: Connection, shared: Arc<Shared>) -> std::io::Result<mpsc::Sen
 
 fn run(mut conn: Connection, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
     let mut held: Option<Job> = None;
+    let mut compacting = Compacting::resume(&conn);
     loop {
-        let job = match held.take() {
-            Some(job) => job,
-            None => match rx.recv() {
+        let job = match (held.take(), compacting.due()) {
+            (Some(job), _) => job,
+            (None, None) => match rx.recv() {
                 Ok(job) => job,
                 Err(_) => return, // every sender is gone
+            },
+            // A removal owed: its batches run while no job waits.
+            (None, Some(wait)) => match rx.recv_timeout(wait) {
+                Ok(job) => job,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    compacting.step(&mut conn);
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
             },
         };
         match job {
@@ -176,8 +193,8 @@ fn run(mut conn: Connection, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
                 let batch = collect_batch((op, reply), &rx, &mut held);
                 write_batch(&mut conn, &shared, batch);
             }
-            Job::Compact(rev, reply) => {
-                let _ = reply.send(compact(&mut conn, &shared, rev));
+            Job::Compact { revision, physical, reply } => {
+                compacting.schedule(&mut conn, &shared, revision, physical, reply);
             }
             Job::Defragment(reply) => {
                 let result = conn
@@ -195,6 +212,10 @@ fn run(mut conn: Connection, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
                 // Later requests find the channel closed and fail with Unavailable.
                 return;
             }
+        }
+        // One removal batch between two jobs: a steady stream of writes cannot starve it.
+        if compacting.due() == Some(std::time::Duration::ZERO) {
+            compacting.step(&mut conn);
         }
     }
 }
@@ -251,32 +272,6 @@ fn write_batch(conn: &mut Connection, shared: &Shared, batch: Vec<(WriteOp, Repl
             }
         }
     }
-}
-
-fn compact(conn: &mut Connection, shared: &Shared, rev: Revision) -> Result<Revision> {
-    let current = shared.current.load(Ordering::SeqCst);
-    let previous = shared.compacted.load(Ordering::SeqCst);
-    txn::check_compact(rev, current, previous)?;
-    (|| -> anyhow::Result<()> {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).context("begin compaction")?;
-        // Only keys changed since the previous compaction can have newly superseded versions
-        // (a deletion at the previous compact revision itself was kept, as etcd keeps it).
-        tx.execute(
-            "DELETE FROM kv WHERE mod_revision <= ?2
-               AND key IN (SELECT key FROM kv WHERE mod_revision >= ?1 AND mod_revision <= ?2)
-               AND ((deleted = 1 AND mod_revision < ?2)
-                    OR EXISTS (SELECT 1 FROM kv n WHERE n.key = kv.key AND n.mod_revision <= ?2
-                               AND (n.mod_revision, n.sub) > (kv.mod_revision, kv.sub)))",
-            params![previous, rev],
-        )
-        .context("delete superseded versions")?;
-        schema::set(&tx, "compact_revision", rev)?;
-        tx.commit().context("commit compaction")?;
-        Ok(())
-    })()
-    .map_err(Error::Backend)?;
-    shared.compacted.store(rev, Ordering::SeqCst);
-    Ok(current)
 }
 
 /// SQLite's "database or disk is full" (the disk, or a `max_page_count` limit).

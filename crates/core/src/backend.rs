@@ -50,6 +50,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Physically removes every version superseded at or before `revision`, and every deletion
     /// at or before it. Returns the current revision.
     async fn compact(&self, revision: Revision) -> Result<Revision>;
+    /// etcd's Compact without `physical`: may answer once reads below `revision` fail with
+    /// "compacted", while the superseded versions are still being removed. Returns the current
+    /// revision.
+    async fn compact_logically(&self, revision: Revision) -> Result<Revision> {
+        self.compact(revision).await
+    }
     /// Committed events in `range` with `after < revision <= until`, grouped by revision.
     /// Fails with `Compacted` if `after + 1` is below the compact revision.
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>>;

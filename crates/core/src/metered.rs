@@ -225,6 +225,11 @@ impl Backend for Metered {
         self.observe_bounded(Bound::None, "Compact", what, self.inner.compact(revision)).await
     }
 
+    async fn compact_logically(&self, revision: Revision) -> Result<Revision> {
+        let what = || format!("revision {revision}");
+        self.observe_bounded(Bound::None, "Compact", what, self.inner.compact_logically(revision)).await
+    }
+
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
         let what = || format!("{} revisions {}..={until}", describe(range), after + 1);
         self.observe_bounded(Bound::Long, "Events", what, self.inner.events(range, after, until)).await

@@ -173,12 +173,23 @@ impl Store {
         self.txn_raw(req).await
     }
 
-    /// Compacts to `revision`. Returns the current revision.
+    /// Compacts to `revision`, physically (the superseded versions are gone when it answers).
+    /// Returns the current revision.
     pub async fn compact(&self, revision: Revision) -> Result<Revision> {
+        self.compact_with(revision, true).await
+    }
+
+    /// etcd's Compact: without `physical`, the answer may come once reads below `revision` are
+    /// refused, before the superseded versions are gone.
+    pub async fn compact_with(&self, revision: Revision, physical: bool) -> Result<Revision> {
         self.writable()?;
         self.alarms.check(Access::Write)?;
         let started = std::time::Instant::now();
-        let result = self.backend.compact(revision).await;
+        let result = if physical {
+            self.backend.compact(revision).await
+        } else {
+            self.backend.compact_logically(revision).await
+        };
         if result.is_ok() {
             crate::metrics::metrics().compaction_ms.observe(started.elapsed().as_secs_f64() * 1000.0);
         }

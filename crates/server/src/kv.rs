@@ -112,11 +112,12 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<Response<pb::CompactionResponse>, Status> {
-        // Compaction is always physical and synchronous here, so `physical` needs no handling.
         let who = caller(&self.0, &request)?;
         self.0.store.auth().admin(&who).map_err(status)?;
         let req = request.into_inner();
-        let revision = self.0.store.compact(req.revision).await.map_err(status)?;
+        // Without `physical`, the answer may come before the superseded versions are gone (as
+        // in etcd, reads below the revision are refused either way).
+        let revision = self.0.store.compact_with(req.revision, req.physical).await.map_err(status)?;
         Ok(Response::new(pb::CompactionResponse { header: self.0.headers.at(revision) }))
     }
 }

@@ -12,6 +12,7 @@ pub mod nats;
 pub mod postgres;
 pub mod proxy;
 pub mod s3;
+pub mod session;
 
 use kine_core::backend::Backend;
 use std::path::Path;

@@ -206,6 +206,17 @@ impl MariaDbServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// A session of the administrative account on database `db` that stays open (see
+    /// `Session`).
+    pub fn session(&self, db: &str) -> crate::session::Session {
+        let mut command = Command::new(binary("mariadb"));
+        command
+            .args(["--no-defaults", &format!("-u{}", self.admin)])
+            .arg(format!("--socket={}", self.dir.path().join("mariadb.sock").display()))
+            .args(["--batch", "--skip-column-names", "--unbuffered", "--database", db]);
+        crate::session::Session::spawn(command)
+    }
+
     /// The uid and gid the server runs as when it is not this process's user (as root: the
     /// `mysql` user), for files it must own.
     pub fn os_user(&self) -> Option<(u32, u32)> {

@@ -186,6 +186,16 @@ impl PgServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// A `psql` session on database `db` that stays open (see `Session`).
+    pub fn session(&self, db: &str) -> crate::session::Session {
+        let mut command = Command::new(self.bin.join("psql"));
+        command
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER, "-d", db, "-v", "ON_ERROR_STOP=1"])
+            .args(["-At", "-q"])
+            .env("PGPASSWORD", PASSWORD);
+        crate::session::Session::spawn(command)
+    }
+
     /// The uid and gid the server runs as when it is not this process's user (as root: the
     /// `postgres` user), for files it must own (a tablespace directory).
     pub fn os_user(&self) -> Option<(u32, u32)> {

@@ -6,6 +6,7 @@
 //! `POLL` and is woken at once by this node's own commits and by `revisions()`; lease changes
 //! are counted in `meta.lease_epoch`, which the feed polls with the revision.
 
+mod compact;
 pub(crate) mod connect;
 pub(crate) mod dsn;
 mod feed;
@@ -14,6 +15,7 @@ mod schema;
 mod view;
 mod writer;
 
+use crate::compact_worker::CompactWorker;
 use crate::pg::TlsFiles;
 use crate::remote::{PoolOptions, Shared};
 use crate::writer::{Job, Writer, stopped};
@@ -73,6 +75,8 @@ fn revision_rounds(readers: &Arc<ReadPool>) -> Rounds<(Revision, Revision)> {
 pub struct MysqlBackend {
     shared: Arc<Shared>,
     writer: Writer,
+    /// `None` when open read-only.
+    compactor: Option<CompactWorker>,
     /// Wakes this node's feed.
     nudge: feed::Nudge,
     readers: Arc<ReadPool>,
@@ -96,11 +100,14 @@ impl MysqlBackend {
         let nudge = feed::spawn(connector.clone(), shared.clone()).context("start the MySQL event feed")?;
         let writer =
             writer::spawn(connector.clone(), shared.clone(), nudge.clone()).context("start the MySQL writer")?;
+        let compactor = CompactWorker::spawn("mysql-compactor", compact::MyCompaction(connector.clone()))
+            .context("start the MySQL compactor")?;
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "MySQL database open");
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(MysqlBackend {
             shared,
             writer: Writer::new(writer),
+            compactor: Some(compactor),
             nudge,
             revisions: revision_rounds(&readers),
             readers,
@@ -120,6 +127,7 @@ impl MysqlBackend {
         Ok(MysqlBackend {
             shared: Arc::new(Shared::new(meta.revision, meta.compact_revision)),
             writer: Writer::none(),
+            compactor: None,
             nudge: feed::Nudge::none(),
             revisions: revision_rounds(&readers),
             readers,
@@ -135,6 +143,11 @@ impl MysqlBackend {
             return Err(Error::ReadOnly("the MySQL database is open read-only".into()));
         }
         Ok(())
+    }
+
+    async fn compact_with(&self, revision: Revision, physical: bool) -> Result<Revision> {
+        self.refuse_write()?;
+        self.compactor.as_ref().ok_or_else(stopped)?.compact(revision, physical).await
     }
 
     /// Reads are served: open read-only, or for writes until closed.
@@ -200,8 +213,11 @@ impl Backend for MysqlBackend {
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
-        self.refuse_write()?;
-        self.writer.submit(|reply| Job::Compact(revision, reply)).await
+        self.compact_with(revision, true).await
+    }
+
+    async fn compact_logically(&self, revision: Revision) -> Result<Revision> {
+        self.compact_with(revision, false).await
     }
 
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
@@ -295,6 +311,9 @@ impl Backend for MysqlBackend {
     async fn close(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.nudge.wake();
+        if let Some(compactor) = &self.compactor {
+            compactor.close().await;
+        }
         self.writer.close().await;
         self.readers.clear();
     }

@@ -10,18 +10,15 @@
 
 use super::feed::Nudge;
 use super::view::MyView;
-use super::{Connector, Role, connection_lost, schema, unavailable};
+use super::{Connector, Role, connection_lost, unavailable};
 use crate::remote::Shared;
 use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, no_space_if, with_savepoints_if_needed};
 use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
-use kine_core::{Error, Result, Revision};
+use kine_core::{Error, Revision};
 use mysql::prelude::Queryable;
 use std::sync::{Arc, mpsc};
-
-/// Superseded versions deleted per statement by a compaction.
-const DELETE_CHUNK: usize = 500;
 
 pub fn spawn(connector: Connector, shared: Arc<Shared>, nudge: Nudge) -> std::io::Result<mpsc::Sender<Job>> {
     let (tx, rx) = mpsc::channel();
@@ -78,11 +75,10 @@ fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiv
                 let batch = collect_batch((op, reply), &rx, &mut held);
                 write_batch(c, &shared, &nudge, batch)
             }
-            Job::Compact(rev, reply) => {
-                let result = compact(c, rev);
-                let lost = matches!(&result, Err(Error::Unavailable(_)));
-                let _ = reply.send(result);
-                lost
+            // Compactions run on the compactor's connection (`compact.rs`).
+            Job::Compact { reply, .. } => {
+                let _ = reply.send(Err(Error::Backend(anyhow::anyhow!("compaction sent to the MySQL writer"))));
+                false
             }
             Job::Defragment(reply) => {
                 let result = c.query_drop("OPTIMIZE TABLE kv, lease").context("OPTIMIZE TABLE");
@@ -263,50 +259,4 @@ fn renewed_elsewhere(c: &mut impl Queryable, shared: &Shared, id: i64) -> anyhow
         c.exec_first("SELECT renewals FROM lease WHERE id = ? FOR UPDATE", (id,)).context("read lease renewals")?;
     let Some(renewals) = renewals else { return Ok(false) };
     Ok(shared.seen().get(&id).is_some_and(|seen| *seen != renewals))
-}
-
-/// Compacts under a lock on the compact revision, so two nodes never compact at once; the
-/// checks use the database's revisions, not this node's. MySQL cannot delete from a table that
-/// a subquery of the same statement reads, so the superseded versions are listed first and
-/// deleted by primary key, in chunks, in the same transaction.
-fn compact(c: &mut mysql::Conn, rev: Revision) -> Result<Revision> {
-    let map = |e: anyhow::Error| if connection_lost(&e) { unavailable(&e) } else { Error::Backend(e) };
-    c.query_drop("START TRANSACTION").context("begin compaction").map_err(map)?;
-    let result = (|| -> Result<Revision> {
-        let previous: i64 = c
-            .query_first("SELECT value FROM meta WHERE name = 'compact_revision' FOR UPDATE")
-            .context("lock the compact revision")
-            .map_err(map)?
-            .ok_or_else(|| Error::Backend(anyhow::anyhow!("meta row compact_revision is missing")))?;
-        let current = schema::get(c, "revision").map_err(map)?.unwrap_or(1);
-        txn::check_compact(rev, current, previous)?;
-        // Only keys changed since the previous compaction can have newly superseded versions
-        // (a deletion at the previous compact revision itself was kept, as etcd keeps it).
-        let doomed: Vec<(i64, i64)> = c
-            .exec(
-                "SELECT k.mod_revision, k.sub FROM kv k
-                 WHERE k.mod_revision <= ?
-                   AND k.key IN (SELECT c.key FROM kv c WHERE c.mod_revision >= ? AND c.mod_revision <= ?)
-                   AND ((k.deleted AND k.mod_revision < ?)
-                        OR EXISTS (SELECT 1 FROM kv n WHERE n.key = k.key AND n.mod_revision <= ?
-                                   AND (n.mod_revision > k.mod_revision
-                                        OR (n.mod_revision = k.mod_revision AND n.sub > k.sub))))",
-                (rev, previous, rev, rev, rev),
-            )
-            .map_err(|e| map(anyhow::Error::new(e).context("find superseded versions")))?;
-        for chunk in doomed.chunks(DELETE_CHUNK) {
-            let cond = vec!["(mod_revision = ? AND sub = ?)"; chunk.len()].join(" OR ");
-            let args: Vec<mysql::Value> =
-                chunk.iter().flat_map(|(r, s)| [mysql::Value::Int(*r), mysql::Value::Int(*s)]).collect();
-            c.exec_drop(format!("DELETE FROM kv WHERE {cond}"), args)
-                .map_err(|e| map(anyhow::Error::new(e).context("delete superseded versions")))?;
-        }
-        schema::set(c, "compact_revision", rev).map_err(map)?;
-        c.query_drop("COMMIT").context("commit compaction").map_err(map)?;
-        Ok(current)
-    })();
-    if result.is_err() {
-        let _ = c.query_drop("ROLLBACK");
-    }
-    result
 }

@@ -9,6 +9,7 @@
 //! - `revisions()` reads the database's revision and waits until the feed has published it,
 //!   so a watch started after an acknowledged write on any node never misses or repeats it.
 
+mod compact;
 pub(crate) mod conn;
 mod feed;
 pub(crate) mod open;
@@ -18,6 +19,7 @@ mod tls;
 mod view;
 mod writer;
 
+use crate::compact_worker::CompactWorker;
 pub use crate::remote::{PoolOptions, Shared};
 use crate::writer::{Job, Writer, stopped};
 use anyhow::Context;
@@ -99,6 +101,8 @@ fn revision_rounds(readers: &Arc<ReadPool>) -> Rounds<(Revision, Revision)> {
 pub struct PostgresBackend {
     shared: Arc<Shared>,
     writer: Writer,
+    /// `None` when open read-only.
+    compactor: Option<CompactWorker>,
     readers: Arc<ReadPool>,
     /// The current and compact revisions: one statement shared by the callers waiting.
     revisions: Rounds<(Revision, Revision)>,
@@ -126,11 +130,14 @@ impl PostgresBackend {
         let shared = Arc::new(Shared::new(meta.revision, meta.compact_revision));
         let writer = writer::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL writer")?;
         feed::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL event feed")?;
+        let compactor = CompactWorker::spawn("pg-compactor", compact::PgCompaction(connector.clone()))
+            .context("start the PostgreSQL compactor")?;
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "PostgreSQL database open");
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(PostgresBackend {
             shared,
             writer: Writer::new(writer),
+            compactor: Some(compactor),
             revisions: revision_rounds(&readers),
             readers,
             cluster_id: meta.cluster_id,
@@ -151,6 +158,7 @@ impl PostgresBackend {
             Ok(PostgresBackend {
                 shared: Arc::new(Shared::new(meta.revision, meta.compact_revision)),
                 writer: Writer::none(),
+                compactor: None,
                 revisions: revision_rounds(&readers),
                 readers,
                 cluster_id: meta.cluster_id,
@@ -168,6 +176,11 @@ impl PostgresBackend {
             return Err(Error::ReadOnly("the PostgreSQL database is open read-only".into()));
         }
         Ok(())
+    }
+
+    async fn compact_with(&self, revision: Revision, physical: bool) -> Result<Revision> {
+        self.refuse_write()?;
+        self.compactor.as_ref().ok_or_else(stopped)?.compact(revision, physical).await
     }
 
     /// Reads are served: open read-only, or for writes until closed.
@@ -230,8 +243,11 @@ impl Backend for PostgresBackend {
     }
 
     async fn compact(&self, revision: Revision) -> Result<Revision> {
-        self.refuse_write()?;
-        self.writer.submit(|reply| Job::Compact(revision, reply)).await
+        self.compact_with(revision, true).await
+    }
+
+    async fn compact_logically(&self, revision: Revision) -> Result<Revision> {
+        self.compact_with(revision, false).await
     }
 
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
@@ -331,6 +347,9 @@ impl Backend for PostgresBackend {
 
     async fn close(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
+        if let Some(compactor) = &self.compactor {
+            compactor.close().await;
+        }
         self.writer.close().await;
         self.readers.clear();
     }

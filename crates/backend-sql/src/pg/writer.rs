@@ -8,14 +8,13 @@
 //! advance, notify and commit, are one round trip each (several statements in one simple query).
 
 use super::conn::{Conn, Sql};
-use super::schema;
 use super::view::PgView;
 use super::{Connector, Shared};
 use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, no_space_if, with_savepoints_if_needed};
 use anyhow::Context;
 use kine_core::request::Revisioned;
 use kine_core::txn::{self, WriteOp, WriteResponse};
-use kine_core::{Error, Result, Revision};
+use kine_core::{Error, Revision};
 use postgres::SimpleQueryMessage;
 use postgres::types::Type;
 use std::sync::{Arc, mpsc};
@@ -72,8 +71,9 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
                 let batch = collect_batch((op, reply), &rx, &mut held);
                 write_batch(conn, &shared, batch);
             }
-            Job::Compact(rev, reply) => {
-                let _ = reply.send(compact(conn, rev).map_err(|e| unavailable_or(e, conn)));
+            // Compactions run on the compactor's connection (`compact.rs`).
+            Job::Compact { reply, .. } => {
+                let _ = reply.send(Err(Error::Backend(anyhow::anyhow!("compaction sent to the PostgreSQL writer"))));
             }
             Job::Defragment(reply) => {
                 let result = conn.client().batch_execute("VACUUM kv, lease").context("VACUUM").map_err(Error::Backend);
@@ -81,14 +81,6 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
             }
             Job::Close(_) => unreachable!("handled above"),
         }
-    }
-}
-
-/// A failure on a connection that is now closed is an outage (`Unavailable`), not a bug.
-fn unavailable_or(e: Error, conn: &Conn) -> Error {
-    match e {
-        Error::Backend(inner) if conn.is_closed() => Error::Unavailable(format!("PostgreSQL: {inner:#}")),
-        other => other,
     }
 }
 
@@ -238,35 +230,4 @@ fn announce_lease(tx: &mut impl Sql, op: &WriteOp) -> anyhow::Result<()> {
     tx.execute_sql("SELECT pg_notify('kine_rs_lease', $1)", &[(&payload, Type::TEXT)])
         .context("announce lease change")?;
     Ok(())
-}
-
-/// Compacts under a lock on the compact revision, so two nodes never compact at once; the
-/// checks use the database's revisions, not this node's.
-fn compact(conn: &mut Conn, rev: Revision) -> Result<Revision> {
-    let mut tx = conn.client().transaction().context("begin compaction").map_err(Error::Backend)?;
-    let previous: i64 = tx
-        .query_typed_one("SELECT value FROM meta WHERE name = 'compact_revision' FOR UPDATE", &[])
-        .context("lock the compact revision")
-        .map_err(Error::Backend)?
-        .get(0);
-    let current = schema::get(&mut tx, "revision").map_err(Error::Backend)?.unwrap_or(1);
-    txn::check_compact(rev, current, previous)?;
-    (|| -> anyhow::Result<()> {
-        // Only keys changed since the previous compaction can have newly superseded versions
-        // (a deletion at the previous compact revision itself was kept, as etcd keeps it).
-        tx.execute_typed(
-            "DELETE FROM kv WHERE mod_revision <= $2
-               AND key IN (SELECT key FROM kv WHERE mod_revision >= $1 AND mod_revision <= $2)
-               AND ((deleted AND mod_revision < $2)
-                    OR EXISTS (SELECT 1 FROM kv n WHERE n.key = kv.key AND n.mod_revision <= $2
-                               AND (n.mod_revision, n.sub) > (kv.mod_revision, kv.sub)))",
-            &[(&previous, Type::INT8), (&rev, Type::INT8)],
-        )
-        .context("delete superseded versions")?;
-        schema::set(&mut tx, "compact_revision", rev)?;
-        tx.commit().context("commit compaction")?;
-        Ok(())
-    })()
-    .map_err(Error::Backend)?;
-    Ok(current)
 }
