@@ -1,6 +1,9 @@
 //! SQLite's compaction (`removal.rs`: a short logical step, then removal in small batches), on
 //! the writer thread: SQLite has one writer, so the removal takes turns with the writes, one
-//! batch between two write batches and as many as it likes while no write waits.
+//! batch between two write batches and as many as it likes while no write waits. A write waits
+//! for one batch at most, so batches are kept short: their size follows how long the last one
+//! took (a batch of log rows deletes every superseded version of their keys, many rows for keys
+//! with a long history).
 
 use crate::removal::{BATCH_ROWS, REMOVED, Removal, Waiters};
 use crate::schema;
@@ -13,14 +16,27 @@ use std::time::{Duration, Instant};
 
 /// How long a failed removal batch waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(5);
+/// A batch taking longer halves the next one; one taking less than a quarter of it doubles it.
+const BATCH_TIME: Duration = Duration::from_millis(4);
+/// Log rows of the first batch (small: a write may be waiting for it).
+const START_ROWS: i64 = 64;
+/// Log rows per batch: the bounds of the adaptation.
+const BATCH_RANGE: std::ops::RangeInclusive<i64> = 8..=8 * BATCH_ROWS;
 
 /// The writer thread's compaction in progress.
-#[derive(Default)]
 pub struct Compacting {
     removal: Option<Removal>,
     waiters: Waiters,
     retry_at: Option<Instant>,
     started: Option<Instant>,
+    /// Log rows of the next batch.
+    rows: i64,
+}
+
+impl Default for Compacting {
+    fn default() -> Self {
+        Compacting { removal: None, waiters: Waiters::default(), retry_at: None, started: None, rows: START_ROWS }
+    }
 }
 
 impl Compacting {
@@ -87,7 +103,15 @@ impl Compacting {
     /// One removal batch, in a transaction of its own.
     pub fn step(&mut self, conn: &mut Connection) {
         let Some(mut removal) = self.removal else { return };
-        match remove_batch(conn, &mut removal) {
+        let started = Instant::now();
+        let outcome = remove_batch(conn, &mut removal, self.rows);
+        let took = started.elapsed();
+        if took > BATCH_TIME {
+            self.rows = (self.rows / 2).max(*BATCH_RANGE.start());
+        } else if took < BATCH_TIME / 4 {
+            self.rows = (self.rows * 2).min(*BATCH_RANGE.end());
+        }
+        match outcome {
             Ok(true) => self.removal = Some(removal),
             Ok(false) => {
                 tracing::debug!(
@@ -120,9 +144,19 @@ fn record(conn: &mut Connection, revision: Revision, previous: Revision) -> anyh
     Ok(removed)
 }
 
-/// Deletes the superseded versions of the keys of the next `BATCH_ROWS` log rows after the
-/// cursor, and advances it; at the end records the removal done. `false` when done.
-fn remove_batch(conn: &mut Connection, removal: &mut Removal) -> anyhow::Result<bool> {
+/// Deletes the superseded versions of the keys of the next `rows` log rows after the cursor,
+/// and advances it; at the end records the removal done. `false` when done.
+fn remove_batch(conn: &mut Connection, removal: &mut Removal, rows: i64) -> anyhow::Result<bool> {
+    // A removal batch needs no fsync of its own: the WAL is written in order, so a crash loses
+    // only batches after the last synced commit (a write's), and those are done again (the
+    // compact revision was synced first; `compact_removed` advances only with the last batch).
+    conn.pragma_update(None, "synchronous", "NORMAL").context("set synchronous=NORMAL for removal")?;
+    let result = remove_batch_in(conn, removal, rows);
+    conn.pragma_update(None, "synchronous", "FULL").context("set synchronous=FULL after removal")?;
+    result
+}
+
+fn remove_batch_in(conn: &mut Connection, removal: &mut Removal, rows: i64) -> anyhow::Result<bool> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).context("begin removal")?;
     let (after, sub) = removal.cursor;
     let last: Option<(i64, i64)> = tx
@@ -132,7 +166,7 @@ fn remove_batch(conn: &mut Connection, removal: &mut Removal) -> anyhow::Result<
                 ORDER BY mod_revision, sub LIMIT ?4)
              ORDER BY mod_revision DESC, sub DESC LIMIT 1",
         )?
-        .query_row(params![after, sub, removal.to, BATCH_ROWS], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row(params![after, sub, removal.to, rows], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()
         .context("find the batch's end")?;
     let Some(last) = last else {
