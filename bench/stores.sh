@@ -22,14 +22,16 @@ source scripts/mysql-throwaway.sh
 
 stores_die() { echo "$(basename "$0"): $*" >&2; exit 1; }
 
-# check_binaries SYSTEM...: what those systems need is there (Go kine is installed if missing).
+# check_binaries [--no-apiserver] SYSTEM...: what those systems need is there (Go kine is
+# installed if missing), and kube-apiserver unless --no-apiserver (the datastores alone).
 check_binaries() {
-    local s
+    local s need=("$etcd" "$nats" "$apiserver")
+    if [[ ${1:-} == --no-apiserver ]]; then need=("$etcd" "$nats"); shift; fi
     for s in "$@"; do
         [[ " ${STORE_SYSTEMS[*]} " == *" $s "* ]] || stores_die "unknown system $s (one of: ${STORE_SYSTEMS[*]})"
     done
-    [[ -x $kine_rs ]] || stores_die "$kine_rs not found: cargo build --release -p kine-rs"
-    for b in "$etcd" "$nats" "$apiserver"; do [[ -x $b ]] || stores_die "$b not found: run scripts/install-test-deps"; done
+    if [[ " $* " == *" kine-rs-"* && ! -x $kine_rs ]]; then stores_die "$kine_rs not found: cargo build --release -p kine-rs"; fi
+    for b in "${need[@]}"; do [[ -x $b ]] || stores_die "$b not found: run scripts/install-test-deps"; done
     if [[ " $* " == *" kine-"[sn]* && ! -x $gokine ]]; then
         go install -tags nats "github.com/k3s-io/kine@$gokine_version" || stores_die "go install Go kine failed"
     fi

@@ -9,10 +9,12 @@
 //! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload watch --watch-on key --watchers 10000 --clients 100 --rate 1000 --slow-clients 10
 //! kine-rs-bench --endpoint http://COPY --write-endpoint http://ORIGIN --workload watch --rate 2000
 //! kine-rs-bench --endpoint http://COPY --write-endpoint http://ORIGIN --workload failover --origin-pid PID
+//! kine-rs-bench --endpoint http://127.0.0.1:2379 --workload compaction --keys 100000 --events 1000000 --clients 16 --seconds 1800
 //! ```
 //! Workloads that read preloaded keys (`get`, `cas`, `list`, `count`) first make sure that
 //! `--keys` keys of the shape's key space exist (a larger count extends a smaller one).
 
+mod compaction;
 mod failover;
 mod keys;
 mod replay;
@@ -75,6 +77,13 @@ enum Workload {
     /// prefix (with previous values) until every event arrived: a reflector resuming from an
     /// old revision; an operation is a whole replay, `items` the events (flat shape only).
     Replay,
+    /// `--keys` keys and `--events` updates of them round-robin (`--events` superseded
+    /// versions; untimed), then `--clients` writers putting new keys, and after 2 s a physical
+    /// compaction at the last revision of that history; the writers stop 2 s after it returned
+    /// (or at `--seconds`: the compaction is then reported unfinished, and the run fails).
+    /// Reports the compaction's time and the latency of the writes that overlapped it against
+    /// the 2 s before (flat shape only).
+    Compaction,
 }
 
 /// The name clap gives a value on the command line (`k8s`, `cas`).
@@ -114,7 +123,7 @@ struct Args {
     /// watches are spread over.
     #[arg(long, default_value_t = 1)]
     clients: u64,
-    /// How long the workload runs, seconds.
+    /// How long the workload runs, seconds (`compaction`: its measure at most).
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
     /// Preloaded keys that reads and updates pick from.
@@ -149,7 +158,8 @@ struct Args {
     /// `watch` and `failover`: writer connections sharing `--rate`.
     #[arg(long, default_value_t = 1)]
     writers: u64,
-    /// `replay`: the events written, then replayed.
+    /// `replay`: the events written, then replayed; `compaction`: the updates written, then
+    /// compacted.
     #[arg(long, default_value_t = 100_000)]
     events: u64,
     /// `failover`: the origin's process, killed with SIGKILL after `--seconds`.
@@ -178,7 +188,10 @@ impl Args {
             );
         }
         ensure!(self.limit > 0 || self.workload != Workload::List, "--limit must be at least 1");
-        if matches!(self.workload, Workload::Put | Workload::Watch | Workload::Failover | Workload::Replay) {
+        if matches!(
+            self.workload,
+            Workload::Put | Workload::Watch | Workload::Failover | Workload::Replay | Workload::Compaction
+        ) {
             ensure!(
                 self.shape == Shape::Flat,
                 "--shape {} does not apply to {} (use create for Kubernetes-shaped writes)",
@@ -199,6 +212,15 @@ impl Args {
         }
         if self.workload == Workload::Replay {
             ensure!(self.events > 0 && self.keys > 0, "replay needs --events and --keys of at least 1");
+        }
+        if self.workload == Workload::Compaction {
+            ensure!(self.events > 0 && self.keys > 0, "compaction needs --events and --keys of at least 1");
+            ensure!(self.keys <= Shape::Flat.max_keys(), "--keys must be at most {}", Shape::Flat.max_keys());
+            ensure!(
+                self.seconds > compaction::BASELINE.as_secs_f64(),
+                "--seconds must be more than {} for compaction (its writes before the compaction)",
+                compaction::BASELINE.as_secs()
+            );
         }
         if self.workload == Workload::Watch {
             ensure!(self.watchers > 0, "--watchers must be at least 1");
@@ -259,6 +281,9 @@ async fn main() -> Result<()> {
             o.first_write.as_secs_f64() * 1000.0
         );
         return Ok(());
+    }
+    if args.workload == Workload::Compaction {
+        return compaction(&args, &params, first).await;
     }
     let history = if args.workload == Workload::Replay {
         let mut c = first.clone();
@@ -365,6 +390,40 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
+/// The `compaction` workload: the history (untimed), then the measure with the server's usage
+/// during it; one report line, and an error if the compaction failed or did not finish.
+async fn compaction(args: &Args, params: &Params, first: etcd_client::Client) -> Result<()> {
+    let target = compaction::write(&args.endpoint, args.keys, args.events, args.value_bytes, params.run).await?;
+    if let Some(pid) = args.server_pid {
+        server::reset_peak(pid);
+    }
+    let before = args.server_pid.map(server::usage).transpose()?;
+    let rss_before = args.server_pid.and_then(server::rss_mib);
+    let o = compaction::run(&args.endpoint, first, args.clients, target, args.value_bytes, params.run, args.seconds)
+        .await?;
+    let after = args.server_pid.map(server::usage).transpose()?;
+    let mut line = format!(
+        "label={} workload=compaction shape=flat clients={} keys={} value_bytes={} superseded={} {}",
+        if args.label.is_empty() { "-" } else { &args.label },
+        args.clients,
+        args.keys,
+        args.value_bytes,
+        args.events,
+        o.fields()
+    );
+    if let (Some(b), Some(a)) = (before, after) {
+        line.push_str(&format!(
+            " server_cpu_s={:.2} server_rss_before_mib={:.1} server_peak_rss_mib={:.1} server_rss_anon_mib={:.1}",
+            a.cpu_s - b.cpu_s,
+            rss_before.unwrap_or(f64::NAN),
+            a.peak_rss_mib,
+            a.rss_anon_mib
+        ));
+    }
+    println!("{line}");
+    o.error().map_or(Ok(()), |e| Err(anyhow::anyhow!(e)))
+}
+
 /// The writer connections of `watch` and `failover`.
 async fn writers(args: &Args) -> Result<Vec<etcd_client::Client>> {
     let endpoint = args.write_endpoint.as_deref().unwrap_or(&args.endpoint);
@@ -399,7 +458,7 @@ async fn run_clients(
             Workload::ListAll => tokio::spawn(workload::list_all(c, id, p, deadline)),
             Workload::StreamAll => tokio::spawn(workload::stream_all(c, id, p, deadline)),
             Workload::Progress => tokio::spawn(workload::progress(c, id, deadline)),
-            Workload::Load | Workload::Watch | Workload::Failover | Workload::Replay => {
+            Workload::Load | Workload::Watch | Workload::Failover | Workload::Replay | Workload::Compaction => {
                 unreachable!("handled by the caller")
             }
         });

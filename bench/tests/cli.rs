@@ -32,6 +32,10 @@ fn bad_input_is_refused_with_a_clear_message() {
         (&["--workload", "replay", "--events", "0"], "replay needs --events and --keys of at least 1"),
         (&["--workload", "replay", "--keys", "0"], "replay needs --events and --keys of at least 1"),
         (&["--workload", "replay", "--shape", "k8s"], "--shape k8s does not apply to replay"),
+        (&["--workload", "compaction", "--events", "0"], "compaction needs --events and --keys of at least 1"),
+        (&["--workload", "compaction", "--keys", "0"], "compaction needs --events and --keys of at least 1"),
+        (&["--workload", "compaction", "--shape", "k8s"], "--shape k8s does not apply to compaction"),
+        (&["--workload", "compaction", "--seconds", "2"], "--seconds must be more than 2 for compaction"),
         (
             &["--workload", "watch", "--clients", "2", "--slow-clients", "2"],
             "--slow-clients must be fewer than --clients",
