@@ -5,6 +5,7 @@ Python standard library only.
     charts.py etcd-api RUNS.log OUTDIR     (bench/compare.sh's runs.log)
     charts.py apiserver RUNS.log OUTDIR    (bench/apiserver.sh's runs.log)
     charts.py kwok RUNS.log OUTDIR         (bench/kwok.sh's runs.log)
+    charts.py compaction RUNS.log OUTDIR   (bench/compaction.sh's runs.log)
 
 Writes into OUTDIR:
     <level>-ratios.svg   every workload (rows) and system (columns) as a ratio against etcd:
@@ -18,6 +19,8 @@ Writes into OUTDIR:
                          (log scale).
     <level>-memory.svg   the server's memory per system: idle and peak under load (etcd API),
                          resident at the end of each phase (kube-apiserver).
+    compaction-stall.svg the writes' p99.9 and longest wait while a compaction ran, a bar pair
+                         per system (compaction.sh).
     kwok-p99.svg         the worst mutating API call's p99 against the cluster's size, a line
                          per system (kwok.sh); kwok-store-p99.svg the datastore writes' p99.
 Medians over the rounds, as in the tables of summarize.py and summarize-apiserver.py."""
@@ -260,6 +263,21 @@ def kwok(path, outdir):
     write(outdir, "kwok-store-p99.svg", lines(store, "kube-apiserver's datastore writes p99 during churn", "nodes", "ms"))
 
 
+def compaction(path, outdir):
+    rows = []
+    for line in open(path):
+        if line.startswith("label=") and "workload=compaction" in line:
+            f = dict(kv.split("=", 1) for kv in line.split())
+            if f.get("compaction_ms", "").replace(".", "").isdigit():
+                rows.append(f)
+    systems = [r["label"] for r in rows]
+    by = {r["label"]: r for r in rows}
+    group = f"{int(rows[0]['superseded']):,} superseded versions, {rows[0]['clients']} writers" if rows else ""
+    values = lambda g, s: (float(by[s]["during_p999_ms"]), float(by[s]["during_max_ms"]))
+    title = "Writes while a compaction runs: p99.9 / longest wait"
+    write(outdir, "compaction-stall.svg", paired_bars([group], systems, values, title, "ms", ("p99.9", "max")))
+
+
 def write(outdir, name, text):
     with open(os.path.join(outdir, name), "w") as f:
         f.write(text)
@@ -267,10 +285,10 @@ def write(outdir, name, text):
 
 
 def main():
-    if len(sys.argv) != 4 or sys.argv[1] not in ("etcd-api", "apiserver", "kwok"):
+    if len(sys.argv) != 4 or sys.argv[1] not in ("etcd-api", "apiserver", "kwok", "compaction"):
         sys.exit(__doc__)
     os.makedirs(sys.argv[3], exist_ok=True)
-    {"etcd-api": etcd_api, "apiserver": apiserver, "kwok": kwok}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    {"etcd-api": etcd_api, "apiserver": apiserver, "kwok": kwok, "compaction": compaction}[sys.argv[1]](sys.argv[2], sys.argv[3])
 
 
 if __name__ == "__main__":
