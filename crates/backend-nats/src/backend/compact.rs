@@ -11,6 +11,7 @@ use super::{Inner, PURGE_CONCURRENCY, meta, timed};
 use crate::message;
 use futures_util::StreamExt;
 use kine_core::backend::Revisions;
+use kine_core::memory::PlannedKey;
 use kine_core::{Error, Result, Revision};
 
 impl Inner {
@@ -25,12 +26,12 @@ impl Inner {
         // (many keys, a long stream) must not stop writes.
         let _compaction = self.compaction.lock().await;
         self.barrier().await?;
-        let (current, previous, plan) = {
-            let t = self.table();
-            let Revisions { current, compacted } = t.revisions();
+        let (current, previous) = {
+            let Revisions { current, compacted } = self.table().revisions();
             kine_core::txn::check_compact(revision, current, compacted)?;
-            (current, compacted, t.changed_keys_between(compacted, revision))
+            (current, compacted)
         };
+        let plan = self.plan(previous, revision).await;
         let record = || self.meta.put(meta::COMPACT_REVISION, revision.to_string().into());
         match timed("record the compact revision", record()).await {
             Ok(_) => {
@@ -49,7 +50,7 @@ impl Inner {
             }
             Err(e) => return Err(e),
         }
-        self.compact_table(revision)?;
+        self.compact_table(revision).await?;
         tracing::debug!(revision, previous, "compacted");
         Ok(current)
     }
@@ -58,26 +59,47 @@ impl Inner {
     /// holds, to the mirror and to the table. Nothing happens if it is applied already.
     pub(super) async fn follow_compaction(&self, revision: Revision) -> Result<()> {
         let _compaction = self.compaction.lock().await;
-        let (plan, current) = {
-            let t = self.table();
-            let Revisions { current, compacted } = t.revisions();
-            if revision <= compacted || revision > current {
-                return Ok(());
-            }
-            (t.changed_keys_between(compacted, revision), current)
-        };
+        let Revisions { current, compacted } = self.table().revisions();
+        if revision <= compacted || revision > current {
+            return Ok(());
+        }
+        let plan = self.plan(compacted, revision).await;
         self.purge_superseded(plan, revision).await?;
         self.purge_fillers(revision, current).await?;
-        self.compact_table(revision)?;
+        self.compact_table(revision).await?;
         tracing::debug!(revision, "applied the origin's compaction");
         Ok(())
     }
 
-    fn compact_table(&self, revision: Revision) -> Result<()> {
-        // The meta watch may have applied it already.
-        let mut t = self.table();
-        if t.revisions().compacted < revision {
-            t.compact(revision)?;
+    /// The keys whose messages a compaction at `revision` purges (`MemTable::changed_keys_between`),
+    /// read from the replica a chunk at a time: its lock is released between chunks, so that
+    /// writes and reads go on (theirs are above `revision` and change nothing of the plan).
+    async fn plan(&self, previous: Revision, revision: Revision) -> Vec<PlannedKey> {
+        let (mut plan, mut after) = (Vec::new(), None);
+        loop {
+            let (chunk, next) = self.table().changed_keys_chunk(previous, revision, after.as_deref());
+            plan.extend(chunk);
+            match next {
+                Some(key) => after = Some(key),
+                None => return plan,
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Compacts the replica's table in steps, its lock released between them (a step holds it
+    /// for a few milliseconds whatever the size of the table). Nothing happens if the meta
+    /// watch applied the compaction already (or is applying it).
+    pub(super) async fn compact_table(&self, revision: Revision) -> Result<()> {
+        let mut c = {
+            let mut t = self.table();
+            if t.revisions().compacted >= revision {
+                return Ok(());
+            }
+            t.compact_begin(revision)?
+        };
+        while !self.table().compact_step(&mut c) {
+            tokio::task::yield_now().await;
         }
         Ok(())
     }
@@ -98,7 +120,7 @@ impl Inner {
     /// Purges each planned key's messages superseded at `revision`: `(key, its newest version
     /// at or below it, whether that is a deletion)`. PURGE_CONCURRENCY purges are in flight
     /// (different subjects, so their order does not matter).
-    async fn purge_superseded(&self, plan: Vec<(Vec<u8>, Revision, bool)>, revision: Revision) -> Result<()> {
+    async fn purge_superseded(&self, plan: Vec<PlannedKey>, revision: Revision) -> Result<()> {
         let purges = futures_util::stream::iter(plan).map(|(key, newest, deleted)| async move {
             let subject = message::subject(&self.stored, &key);
             // Keep the newest version at or below the compact revision, unless it is a deletion

@@ -86,10 +86,9 @@ impl Inner {
         // it never saw were removed by that compaction).
         match self.barrier().await {
             Ok(()) => {
-                let mut t = self.table();
-                t.advance(rev);
-                if t.revisions().compacted < rev {
-                    let _ = t.compact(rev);
+                self.table().advance(rev);
+                if let Err(e) = self.compact_table(rev).await {
+                    tracing::warn!(error = %e, revision = rev, "cannot apply a compaction made by another node");
                 }
             }
             Err(e) => tracing::warn!(error = %e, revision = rev, "cannot apply a compaction made by another node yet"),

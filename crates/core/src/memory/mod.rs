@@ -1,6 +1,7 @@
 //! The in-memory backend (`memory://`): the reference implementation and test oracle.
 //! Nothing survives a restart.
 
+mod compaction;
 mod events;
 mod table;
 mod values;
@@ -8,6 +9,7 @@ mod values;
 #[cfg(test)]
 mod apply_tests;
 
+pub use compaction::{PlannedKey, TableCompaction};
 pub use table::MemTable;
 
 use crate::backend::{AuthRecord, Backend, BackendStatus, FEED_CAPACITY, Revisions};

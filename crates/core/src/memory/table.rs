@@ -26,7 +26,7 @@ pub(super) struct Stored {
     pub(super) create_revision: Revision,
     version: i64,
     lease: LeaseId,
-    value: Value,
+    pub(super) value: Value,
 }
 
 impl Stored {
@@ -56,7 +56,7 @@ pub(super) type History = Vec<(Revision, Option<Stored>)>;
 
 #[derive(Debug)]
 pub struct MemTable {
-    current: Revision,
+    pub(super) current: Revision,
     pub(super) compacted: Revision,
     pub(super) keys: BTreeMap<Key, History>,
     /// Every key change in revision order, in event order within a revision (for watch
@@ -169,21 +169,6 @@ impl MemTable {
         self.keys.get(key).and_then(|h| h.last()).map(|(r, v)| (*r, v.is_none()))
     }
 
-    /// For compaction planning: `(key, newest revision <= until, is that newest a deletion)`
-    /// for the keys changed in `[since, until]` (a deletion at the previous compact revision
-    /// `since` is still held, so it is included).
-    pub fn changed_keys_between(&self, since: Revision, until: Revision) -> Vec<(Vec<u8>, Revision, bool)> {
-        let mut out = Vec::new();
-        for (key, history) in &self.keys {
-            if history.iter().any(|(r, _)| *r >= since && *r <= until)
-                && let Some((r, v)) = history.iter().rev().find(|(r, _)| *r <= until)
-            {
-                out.push((key.to_vec(), *r, v.is_none()));
-            }
-        }
-        out
-    }
-
     /// Replica use, after loading a log that compaction at `compacted` trimmed: the revision
     /// below which some key's history is incomplete for another reason (a per-key message limit,
     /// a purge by hand). Compaction keeps each key's newest version at or below its revision
@@ -214,57 +199,8 @@ impl MemTable {
         Ok(applied)
     }
 
-    pub fn compact(&mut self, rev: Revision) -> Result<()> {
-        txn::check_compact(rev, self.current, self.compacted)?;
-        let values = &mut self.values;
-        self.keys.retain(|_, history| {
-            // Keep the newest version at or before `rev` (a deletion only if it is at `rev`
-            // itself, as etcd does), and all later ones.
-            let keep_from = history.iter().rposition(|(r, _)| *r <= rev);
-            if let Some(i) = keep_from {
-                let gone = history[i].1.is_none() && history[i].0 < rev;
-                for (_, version) in history.drain(..if gone { i + 1 } else { i }) {
-                    if let Some(v) = version {
-                        values.release(&v.value);
-                    }
-                }
-            }
-            !history.is_empty()
-        });
-        // History above `rev` stays. At `rev` itself only what survived compaction remains
-        // (as in etcd): each key's last change at `rev`, whose previous versions are gone.
-        let below = self.log.partition_point(|(r, _)| *r < rev);
-        self.log.drain(..below);
-        let at = self.log.partition_point(|(r, _)| *r <= rev);
-        // A key changed twice at `rev` (deleted, then put again in one txn) keeps its last
-        // change, so its entry is its last one: the event stays where that change was made.
-        let keys = &self.keys;
-        let at_rev: Vec<_> = self.log.drain(..at).collect();
-        let last: HashMap<&[u8], usize> = at_rev.iter().enumerate().map(|(i, (_, k))| (&k[..], i)).collect();
-        let kept: Vec<_> = at_rev
-            .iter()
-            .enumerate()
-            .filter(|(i, (_, key))| {
-                last.get(&key[..]) == Some(i) && keys.get(key).and_then(|h| h.first()).is_some_and(|(r, _)| *r == rev)
-            })
-            .map(|(_, entry)| entry.clone())
-            .collect();
-        for entry in kept.into_iter().rev() {
-            self.log.push_front(entry);
-        }
-        self.log.shrink_to_fit();
-        self.compacted = rev;
-        if self.values.wants_rewrite()
-            && let Err(e) = self.rewrite_values()
-        {
-            // The old file still serves; the next compaction tries again.
-            tracing::warn!(error = %e, "cannot reclaim the dead space of the replica's value file");
-        }
-        Ok(())
-    }
-
     /// Copies the live values to a new file (the old one is closed, and so freed).
-    fn rewrite_values(&mut self) -> Result<()> {
+    pub(super) fn rewrite_values(&mut self) -> Result<()> {
         let mut live: Vec<&mut Value> = self
             .keys
             .values_mut()
