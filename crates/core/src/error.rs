@@ -36,6 +36,10 @@ pub enum Error {
     LeaseTtlTooLarge,
     #[error("request is too large")]
     RequestTooLarge,
+    /// A Range (or a Txn's) whose response would exceed `--max-response-bytes`; `size` is what
+    /// had been read when the read stopped (the whole response is at least that).
+    #[error("response of more than {size} bytes is larger than the limit of {max}")]
+    ResponseTooLarge { size: usize, max: usize },
     /// The datastore has no room for the write (disk or configured size full); raises NOSPACE.
     #[error("database space exceeded")]
     NoSpace,

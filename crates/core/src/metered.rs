@@ -129,6 +129,7 @@ pub fn error_code(e: &Error) -> &'static str {
         Error::LeaseExists => "lease_exists",
         Error::LeaseTtlTooLarge => "lease_ttl_too_large",
         Error::RequestTooLarge => "request_too_large",
+        Error::ResponseTooLarge { .. } => "response_too_large",
         Error::NoSpace => "no_space",
         Error::Corrupt => "corrupt",
         Error::Unsupported(_) => "unsupported",

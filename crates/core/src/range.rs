@@ -4,6 +4,25 @@ use crate::error::{Error, Result};
 use crate::request::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 use crate::types::{KeyValue, Revision};
 use crate::view::ReadView;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Keys read per scan of a range that may be long: the response is assembled a page at a time,
+/// and its size checked as it grows.
+const PAGE: usize = 4096;
+/// What a key-value pair adds to a response besides its key and value (its numbers and
+/// protobuf framing), for the size check.
+const KV_OVERHEAD: usize = 32;
+/// The largest response etcd sends: its gRPC server's limit (`math.MaxInt32`).
+pub const ETCD_MAX_RESPONSE_BYTES: usize = i32::MAX as usize;
+
+static MAX_RESPONSE_BYTES: AtomicUsize = AtomicUsize::new(ETCD_MAX_RESPONSE_BYTES);
+
+/// Sets the largest Range (or Txn) response this process assembles (`--max-response-bytes`);
+/// a larger one fails with [`Error::ResponseTooLarge`] once that much has been read, so that a
+/// range without a limit over a huge key space never holds more than that in memory.
+pub fn set_max_response_bytes(max: usize) {
+    MAX_RESPONSE_BYTES.store(max, Ordering::Relaxed);
+}
 
 /// Resolves the revision a read should see: 0 means `current`; future and compacted
 /// revisions are errors (reading exactly the compact revision is allowed, as in etcd).
@@ -36,7 +55,7 @@ pub fn execute(view: &mut dyn ReadView, req: &RangeRequest, rev: Revision) -> Re
     let fetch = if fetch_all { 0 } else { req.limit as usize + 1 };
     // Values are needed to sort by value even when only keys are returned.
     let scan_keys_only = req.keys_only && req.sort_target != SortTarget::Value;
-    let mut kvs = view.scan(&req.range, rev, fetch, scan_keys_only)?;
+    let mut kvs = scan_in_pages(view, &req.range, rev, fetch, scan_keys_only)?;
     // `count` is every live key in the range, before filters and limit (as etcd).
     let count = if fetch == 0 || kvs.len() < fetch || !req.total_count {
         kvs.len() as i64
@@ -58,6 +77,39 @@ pub fn execute(view: &mut dyn ReadView, req: &RangeRequest, rev: Revision) -> Re
         }
     }
     Ok(RangeResponse { kvs, more, count })
+}
+
+/// `view.scan` (`fetch` 0: every key) a page at a time, failing once the keys read exceed the
+/// response size limit.
+fn scan_in_pages(
+    view: &mut dyn ReadView,
+    range: &crate::types::KeyRange,
+    rev: Revision,
+    fetch: usize,
+    keys_only: bool,
+) -> Result<Vec<KeyValue>> {
+    let max = MAX_RESPONSE_BYTES.load(Ordering::Relaxed);
+    let (mut kvs, mut size) = (Vec::new(), 0usize);
+    let mut page_range = range.clone();
+    loop {
+        let want = if fetch == 0 { PAGE } else { (fetch - kvs.len()).min(PAGE) };
+        let page = view.scan(&page_range, rev, want, keys_only)?;
+        size += page.iter().map(|kv| kv.key.len() + kv.value.len() + KV_OVERHEAD).sum::<usize>();
+        if size > max {
+            return Err(Error::ResponseTooLarge { size, max });
+        }
+        let last = page.len() == want && page_range.end != crate::types::RangeEnd::Single;
+        let next = page.last().map(|kv| kv.key.clone());
+        kvs.extend(page);
+        match next {
+            Some(mut after) if last && (fetch == 0 || kvs.len() < fetch) => {
+                // The smallest key after the page's last one.
+                after.push(0);
+                page_range.start = after;
+            }
+            _ => return Ok(kvs),
+        }
+    }
 }
 
 fn keep(req: &RangeRequest, kv: &KeyValue) -> bool {

@@ -113,6 +113,7 @@ pub async fn run(cli: Cli, trigger: ShutdownTrigger, stop: Shutdown) -> Result<(
         kine_core::metered::Metered::new(backend, cli.slow_sql_threshold, cli.slow_sql_warning_threshold)
             .with_timeout(cli.request_timeout),
     );
+    kine_core::range::set_max_response_bytes(cli.max_response_bytes as usize);
     let store = match Store::open(backend.clone(), store_options).await.context("load leases") {
         Ok(store) => store,
         Err(e) => {

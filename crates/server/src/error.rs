@@ -24,6 +24,11 @@ pub fn code_and_message(e: &Error) -> (Code, String) {
         Error::LeaseTtlTooLarge => etcd(Code::OutOfRange, "etcdserver: too large lease TTL"),
         Error::RequestTooLarge => etcd(Code::InvalidArgument, "etcdserver: request is too large"),
         Error::NoSpace => etcd(Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
+        // gRPC's own refusal of a message above the server's send limit, as etcd's clients see
+        // it (the size is what had been read when kine-rs stopped reading: a lower bound).
+        Error::ResponseTooLarge { size, max } => {
+            (Code::ResourceExhausted, format!("grpc: trying to send message larger than max ({size} vs. {max})"))
+        }
         Error::Corrupt => etcd(Code::DataLoss, "etcdserver: corrupt cluster"),
         Error::ReadOnly(why) => (Code::FailedPrecondition, format!("etcdserver: rpc not supported for learner: {why}")),
         Error::NotLearner => etcd(Code::FailedPrecondition, "etcdserver: can only promote a learner member"),

@@ -470,6 +470,37 @@ pub async fn lease_revoke_deletes_keys_in_one_revision(b: Arc<dyn Backend>) {
     assert_eq!(s.lease_revoke(77).await.unwrap(), 5);
 }
 
+/// A range longer than the core's page (4,096 keys) is read a page at a time (each page starts
+/// after the previous one's last key): whole, in key order, at the newest revision and at an
+/// older one, with and without a limit, and in a Txn.
+pub async fn long_ranges_are_read_whole(b: Arc<dyn Backend>) {
+    let s = store(b).await;
+    let name = |i: usize| format!("/long/{i:05}");
+    for first in (0..4500).step_by(100) {
+        let puts = (first..first + 100).map(|i| RequestOp::Put(put_req(&name(i), "v"))).collect();
+        s.txn(TxnRequest { compare: vec![], success: puts, failure: vec![] }).await.expect("fill");
+    }
+    let full = s.current_revision().await.unwrap();
+    for i in (0..4500).step_by(450) {
+        s.delete_range(DeleteRangeRequest { range: KeyRange::single(name(i)), prev_kv: false }).await.unwrap();
+    }
+    let keys = |r: &RangeResponse| -> Vec<Vec<u8>> { r.kvs.iter().map(|kv| kv.key.clone()).collect() };
+    let at = |revision: Revision| RangeRequest { revision, ..RangeRequest::new(prefix("/long/")) };
+    let old = s.range(at(full)).await.unwrap().value;
+    assert_eq!(keys(&old), (0..4500).map(|i| name(i).into_bytes()).collect::<Vec<_>>(), "at revision {full}");
+    assert_eq!((old.count, old.more), (4500, false));
+    let now = s.range(at(0)).await.unwrap().value;
+    let expected: Vec<Vec<u8>> = (0..4500).filter(|i| i % 450 != 0).map(|i| name(i).into_bytes()).collect();
+    assert_eq!(keys(&now), expected);
+    let limited = s.range(RangeRequest { limit: 4200, ..at(0) }).await.unwrap().value;
+    assert_eq!((keys(&limited), limited.count, limited.more), (expected[..4200].to_vec(), 4490, true));
+    let txn = TxnRequest { compare: vec![], success: vec![RequestOp::Range(at(full))], failure: vec![] };
+    match &s.txn(txn).await.unwrap().value.responses[0] {
+        ResponseOp::Range(r) => assert_eq!(r.value.kvs.len(), 4500),
+        other => panic!("expected a range, got {other:?}"),
+    }
+}
+
 /// RangeStream: its parts, concatenated, are the Range (keys, count, more, header revision) for
 /// every option it takes, at the revision of its first part whatever is written meanwhile.
 pub async fn range_stream_parts_are_the_range(b: Arc<dyn Backend>) {
@@ -566,7 +597,7 @@ macro_rules! contract_tests {
             txn_compares_every_target, txn_kubernetes_shapes, compact_rev_key_version_cas,
             range_pagination_and_options, historical_reads_and_compaction,
             events_from_mid_history_carry_each_keys_previous_version,
-            txn_is_atomic, put_ignore_value_and_lease, range_stream_parts_are_the_range,
+            txn_is_atomic, put_ignore_value_and_lease, range_stream_parts_are_the_range, long_ranges_are_read_whole,
             auth_record_is_replaced_by_version);
     };
     (@each $make:expr; $($name:ident),*) => {

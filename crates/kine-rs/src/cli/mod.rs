@@ -131,6 +131,11 @@ pub struct Cli {
     /// Largest write request accepted, in bytes (as etcd's --max-request-bytes)
     #[arg(long, env = "KINE_MAX_REQUEST_BYTES", default_value_t = 1_572_864, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_request_bytes: u64,
+    /// Largest Range or Txn response, in bytes: a larger one fails with ResourceExhausted
+    /// `grpc: trying to send message larger than max` once that much is read, as etcd's gRPC
+    /// server refuses it (etcd's limit, the default, is 2147483647)
+    #[arg(long, env = "KINE_MAX_RESPONSE_BYTES", default_value_t = 2_147_483_647, value_parser = clap::value_parser!(u64).range(1..=2_147_483_647))]
+    pub max_response_bytes: u64,
 
     /// Idle pooled connections kept per node (SQL datastores; 0 = 20, negative = none)
     #[arg(long, env = "KINE_DATASTORE_MAX_IDLE_CONNECTIONS", default_value_t = 0, allow_negative_numbers = true)]
