@@ -1,12 +1,13 @@
-//! The compaction thread of a network database (PostgreSQL, MySQL): a connection of its own,
-//! apart from the writer's, so that writes go on while a compaction runs (`removal.rs`: a
-//! short logical step, then removal in small batches). It resumes a removal that a previous
-//! process left unfinished, retries a failed batch every few seconds, and answers a compaction
-//! asked for with `physical` once the removal covering it is done.
+//! The removal thread of a network database (PostgreSQL, MySQL): a compaction's logical step
+//! (`removal.rs`) runs on the node's writer, whose connection is open and warm, like a write;
+//! the removal that follows runs here, on a connection of its own, so that writes go on while
+//! it runs. The thread resumes a removal that a previous process left unfinished, retries a
+//! failed batch every few seconds, and answers a compaction asked for with `physical` once the
+//! removal covering it is done.
 
 use crate::removal::{Removal, Waiters};
-use crate::writer::{Reply, stopped};
-use kine_core::{Error, Result, Revision};
+use crate::writer::Reply;
+use kine_core::{Error, Revision};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -23,11 +24,6 @@ pub trait Compaction: Send + 'static {
     fn open(&self) -> anyhow::Result<Self::Conn>;
     /// Whether the connection still works after a failure.
     fn usable(conn: &mut Self::Conn) -> bool;
-    /// The logical step, one short transaction under a lock on the compact revision (so two
-    /// nodes never compact at once): checks `revision` against the database's revisions and
-    /// records it. Returns the current revision and the removal now owed; a failure of the
-    /// connection is `Unavailable`.
-    fn schedule(conn: &mut Self::Conn, revision: Revision) -> Result<(Revision, Removal)>;
     /// The removal a previous process left unfinished, if any.
     fn owed(conn: &mut Self::Conn) -> anyhow::Result<Option<Removal>>;
     /// One batch, in a transaction of its own: handles the keys of the next `BATCH_ROWS` log
@@ -37,13 +33,42 @@ pub trait Compaction: Send + 'static {
     fn finish(conn: &mut Self::Conn, to: Revision) -> anyhow::Result<()>;
 }
 
+/// A compaction asked for with `physical`: its revision, the current revision to answer, and
+/// where to answer.
+pub type Waiter = (Revision, Revision, Reply<Revision>);
+
 enum Request {
-    Compact { revision: Revision, physical: bool, reply: Reply<Revision> },
+    Remove { removal: Removal, waiter: Option<Waiter> },
     Close(oneshot::Sender<()>),
+}
+
+/// After a compaction's logical step on a writer: answers now, or with `physical` once the
+/// removal is done, and hands the removal over.
+pub fn handover(removals: &Removals, removal: Removal, waiter: Waiter, physical: bool) {
+    if physical {
+        removals.send(removal, Some(waiter));
+    } else {
+        let (_, current, reply) = waiter;
+        let _ = reply.send(Ok(current));
+        removals.send(removal, None);
+    }
 }
 
 /// The async side's handle on the thread.
 pub struct CompactWorker(std::sync::Mutex<Option<mpsc::Sender<Request>>>);
+
+/// The writer's handle: hands each compaction's removal over to the thread.
+#[derive(Clone)]
+pub struct Removals(mpsc::Sender<Request>);
+
+impl Removals {
+    /// Queues `removal` (which replaces any the thread was doing: the database says where
+    /// removal stands); `waiter` is answered once it is done. A stopped thread drops the
+    /// waiter (its caller gets "server stopped").
+    pub fn send(&self, removal: Removal, waiter: Option<Waiter>) {
+        let _ = self.0.send(Request::Remove { removal, waiter });
+    }
+}
 
 impl CompactWorker {
     pub fn spawn<C: Compaction>(name: &str, compaction: C) -> std::io::Result<CompactWorker> {
@@ -52,13 +77,9 @@ impl CompactWorker {
         Ok(CompactWorker(std::sync::Mutex::new(Some(tx))))
     }
 
-    /// Compacts at `revision`: answers once the compact revision is recorded, or with
-    /// `physical` once the superseded versions are deleted too. Returns the current revision.
-    pub async fn compact(&self, revision: Revision, physical: bool) -> Result<Revision> {
-        let (reply, answer) = oneshot::channel();
-        let sender = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(stopped)?;
-        sender.send(Request::Compact { revision, physical, reply }).map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+    /// The handle the writer hands removals over with.
+    pub fn removals(&self) -> Option<Removals> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone().map(Removals)
     }
 
     /// Stops the thread between two batches (a removal left unfinished resumes at the next
@@ -120,7 +141,7 @@ impl<C: Compaction> Thread<C> {
                     let _ = done.send(());
                     return;
                 }
-                Some(Request::Compact { revision, physical, reply }) => self.schedule(revision, physical, reply),
+                Some(Request::Remove { removal, waiter }) => self.schedule(removal, waiter),
                 None => self.remove_batch(),
             }
         }
@@ -149,31 +170,15 @@ impl<C: Compaction> Thread<C> {
         Ok(conn)
     }
 
-    fn schedule(&mut self, revision: Revision, physical: bool, reply: Reply<Revision>) {
-        let conn = match self.connection() {
-            Ok(conn) => conn,
-            Err(e) => {
-                let _ = reply.send(Err(Error::Unavailable(format!("{}: {e:#}", C::LABEL))));
-                return;
-            }
-        };
-        match C::schedule(conn, revision) {
-            Ok((current, owed)) => {
-                if self.removal.is_none() {
-                    self.started = Instant::now();
-                }
-                // Restarts the key scan from where the database says removal stands.
-                self.removal = Some(owed);
-                self.retry_at = None;
-                if physical {
-                    self.waiters.push(revision, current, reply);
-                } else {
-                    let _ = reply.send(Ok(current));
-                }
-            }
-            Err(e) => {
-                let _ = reply.send(Err(e));
-            }
+    fn schedule(&mut self, removal: Removal, waiter: Option<Waiter>) {
+        if self.removal.is_none() {
+            self.started = Instant::now();
+        }
+        // Restarts the key scan from where the database says removal stands.
+        self.removal = Some(removal);
+        self.retry_at = None;
+        if let Some((revision, current, reply)) = waiter {
+            self.waiters.push(revision, current, reply);
         }
     }
 

@@ -1,6 +1,6 @@
-//! MySQL's compaction SQL (`compact_worker.rs` runs it on a READ COMMITTED connection of its
-//! own): the logical step locks the compact revision row, which the writers read without
-//! locking; a removal batch lists the next log rows, then their keys' superseded versions
+//! MySQL's compaction SQL: the logical step (`schedule`, on the writer's connection) locks the
+//! compact revision row, which other nodes' writers read without locking; a removal batch
+//! (`compact_worker.rs`, on a READ COMMITTED connection of its own) lists the next log rows, then their keys' superseded versions
 //! (MySQL cannot delete from a table that a subquery of the same statement reads), and deletes
 //! those by primary key. The writers never touch old versions, and READ COMMITTED takes no gap
 //! locks, so they never wait for a batch.
@@ -16,6 +16,35 @@ use mysql::prelude::Queryable;
 const DELETE_CHUNK: usize = 500;
 
 pub struct MyCompaction(pub Connector);
+
+/// A compaction's logical step, on the writer's connection: one short transaction under a
+/// lock on the compact revision (so two nodes never compact at once) checks `revision` against
+/// the database's revisions and records it. Returns the current revision and the removal now
+/// owed; a lost connection is `Unavailable`.
+pub fn schedule(c: &mut mysql::Conn, revision: Revision) -> Result<(Revision, Removal)> {
+    c.query_drop("START TRANSACTION").context("begin compaction").map_err(error)?;
+    let result = (|| -> Result<(Revision, Removal)> {
+        let previous: i64 = c
+            .query_first("SELECT value FROM meta WHERE name = 'compact_revision' FOR UPDATE")
+            .context("lock the compact revision")
+            .map_err(error)?
+            .ok_or_else(|| Error::Backend(anyhow::anyhow!("meta row compact_revision is missing")))?;
+        let current = schema::get(c, "revision").map_err(error)?.unwrap_or(1);
+        txn::check_compact(revision, current, previous)?;
+        let removed = schema::get(c, REMOVED).map_err(error)?.unwrap_or(previous);
+        schema::set(c, "compact_revision", revision).map_err(error)?;
+        // Recorded for databases compacted before the row existed; never lowered.
+        c.exec_drop("INSERT IGNORE INTO meta (name, value) VALUES (?, ?)", (REMOVED, removed))
+            .context("record the removal owed")
+            .map_err(error)?;
+        c.query_drop("COMMIT").context("commit compaction").map_err(error)?;
+        Ok((current, Removal::new(removed, revision)))
+    })();
+    if result.is_err() {
+        let _ = c.query_drop("ROLLBACK");
+    }
+    result
+}
 
 fn error(e: anyhow::Error) -> Error {
     if connection_lost(&e) { unavailable(&e) } else { Error::Backend(e) }
@@ -35,31 +64,6 @@ impl Compaction for MyCompaction {
 
     fn usable(conn: &mut mysql::Conn) -> bool {
         conn.ping().is_ok()
-    }
-
-    fn schedule(c: &mut mysql::Conn, revision: Revision) -> Result<(Revision, Removal)> {
-        c.query_drop("START TRANSACTION").context("begin compaction").map_err(error)?;
-        let result = (|| -> Result<(Revision, Removal)> {
-            let previous: i64 = c
-                .query_first("SELECT value FROM meta WHERE name = 'compact_revision' FOR UPDATE")
-                .context("lock the compact revision")
-                .map_err(error)?
-                .ok_or_else(|| Error::Backend(anyhow::anyhow!("meta row compact_revision is missing")))?;
-            let current = schema::get(c, "revision").map_err(error)?.unwrap_or(1);
-            txn::check_compact(revision, current, previous)?;
-            let removed = schema::get(c, REMOVED).map_err(error)?.unwrap_or(previous);
-            schema::set(c, "compact_revision", revision).map_err(error)?;
-            // Recorded for databases compacted before the row existed; never lowered.
-            c.exec_drop("INSERT IGNORE INTO meta (name, value) VALUES (?, ?)", (REMOVED, removed))
-                .context("record the removal owed")
-                .map_err(error)?;
-            c.query_drop("COMMIT").context("commit compaction").map_err(error)?;
-            Ok((current, Removal::new(removed, revision)))
-        })();
-        if result.is_err() {
-            let _ = c.query_drop("ROLLBACK");
-        }
-        result
     }
 
     fn owed(c: &mut mysql::Conn) -> anyhow::Result<Option<Removal>> {

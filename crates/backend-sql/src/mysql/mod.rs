@@ -98,10 +98,11 @@ impl MysqlBackend {
         drop(conn);
         let shared = Arc::new(Shared::new(meta.revision, meta.compact_revision));
         let nudge = feed::spawn(connector.clone(), shared.clone()).context("start the MySQL event feed")?;
-        let writer =
-            writer::spawn(connector.clone(), shared.clone(), nudge.clone()).context("start the MySQL writer")?;
         let compactor = CompactWorker::spawn("mysql-compactor", compact::MyCompaction(connector.clone()))
             .context("start the MySQL compactor")?;
+        let removals = compactor.removals().context("the MySQL compactor stopped at start")?;
+        let writer = writer::spawn(connector.clone(), shared.clone(), nudge.clone(), removals)
+            .context("start the MySQL writer")?;
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "MySQL database open");
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(MysqlBackend {
@@ -147,7 +148,7 @@ impl MysqlBackend {
 
     async fn compact_with(&self, revision: Revision, physical: bool) -> Result<Revision> {
         self.refuse_write()?;
-        self.compactor.as_ref().ok_or_else(stopped)?.compact(revision, physical).await
+        self.writer.submit(|reply| Job::Compact { revision, physical, reply }).await
     }
 
     /// Reads are served: open read-only, or for writes until closed.

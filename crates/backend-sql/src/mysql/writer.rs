@@ -8,9 +8,11 @@
 //! After the commit the writer publishes this node's events when nothing before them is still
 //! unpublished (`Shared::publish_own`), otherwise the feed does, woken; then the replies go out.
 
+use super::compact;
 use super::feed::Nudge;
 use super::view::MyView;
 use super::{Connector, Role, connection_lost, unavailable};
+use crate::compact_worker::{Removals, handover};
 use crate::remote::Shared;
 use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, no_space_if, with_savepoints_if_needed};
 use anyhow::Context;
@@ -20,9 +22,16 @@ use kine_core::{Error, Revision};
 use mysql::prelude::Queryable;
 use std::sync::{Arc, mpsc};
 
-pub fn spawn(connector: Connector, shared: Arc<Shared>, nudge: Nudge) -> std::io::Result<mpsc::Sender<Job>> {
+pub fn spawn(
+    connector: Connector,
+    shared: Arc<Shared>,
+    nudge: Nudge,
+    removals: Removals,
+) -> std::io::Result<mpsc::Sender<Job>> {
     let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new().name("mysql-writer".into()).spawn(move || run(connector, shared, nudge, rx))?;
+    std::thread::Builder::new()
+        .name("mysql-writer".into())
+        .spawn(move || run(connector, shared, nudge, removals, rx))?;
     Ok(tx)
 }
 
@@ -31,7 +40,7 @@ fn connected() -> kine_core::metrics::IntGauge {
     kine_core::metrics::metrics().backend_connected.with_label_values(&["mysql", "writer"])
 }
 
-fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiver<Job>) {
+fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, removals: Removals, rx: mpsc::Receiver<Job>) {
     // Connected before the first write arrives, so that it does not wait for the connection;
     // a failure here is retried at the first job.
     let mut conn: Option<mysql::Conn> = connector.connect(Role::Writer).ok();
@@ -75,11 +84,18 @@ fn run(connector: Connector, shared: Arc<Shared>, nudge: Nudge, rx: mpsc::Receiv
                 let batch = collect_batch((op, reply), &rx, &mut held);
                 write_batch(c, &shared, &nudge, batch)
             }
-            // Compactions run on the compactor's connection (`compact.rs`).
-            Job::Compact { reply, .. } => {
-                let _ = reply.send(Err(Error::Backend(anyhow::anyhow!("compaction sent to the MySQL writer"))));
-                false
-            }
+            // The logical step here; the removal on the compactor's connection.
+            Job::Compact { revision, physical, reply } => match compact::schedule(c, revision) {
+                Ok((current, removal)) => {
+                    handover(&removals, removal, (revision, current, reply), physical);
+                    false
+                }
+                Err(e) => {
+                    let lost = matches!(e, Error::Unavailable(_));
+                    let _ = reply.send(Err(e));
+                    lost
+                }
+            },
             Job::Defragment(reply) => {
                 let result = c.query_drop("OPTIMIZE TABLE kv, lease").context("OPTIMIZE TABLE");
                 let lost = result.as_ref().is_err_and(connection_lost);

@@ -1,7 +1,7 @@
-//! PostgreSQL's compaction SQL (`compact_worker.rs` runs it on a connection of its own): the
-//! logical step locks the compact revision row, which the writers only read (MVCC: they never
-//! wait for it); each removal batch is one statement, deleting old versions the writers never
-//! touch.
+//! PostgreSQL's compaction SQL: the logical step (`schedule`, on the writer's connection) locks
+//! the compact revision row, which other nodes' writers only read (MVCC: they never wait for
+//! it); each removal batch (`compact_worker.rs`, on a connection of its own) is one statement,
+//! deleting old versions the writers never touch.
 
 use super::conn::{Conn, Sql};
 use super::{Connector, schema};
@@ -32,13 +32,6 @@ impl Compaction for PgCompaction {
 
     fn usable(conn: &mut Conn) -> bool {
         !conn.is_closed()
-    }
-
-    fn schedule(conn: &mut Conn, revision: Revision) -> Result<(Revision, Removal)> {
-        schedule_in(conn.client(), revision).map_err(|e| match e {
-            Error::Backend(inner) => error(conn, inner),
-            other => other,
-        })
     }
 
     fn owed(conn: &mut Conn) -> anyhow::Result<Option<Removal>> {
@@ -82,6 +75,17 @@ impl Compaction for PgCompaction {
         .context("record the removal of compacted versions")?;
         Ok(())
     }
+}
+
+/// A compaction's logical step, on the writer's connection: one short transaction under a
+/// lock on the compact revision (so two nodes never compact at once) checks `revision` against
+/// the database's revisions and records it. Returns the current revision and the removal now
+/// owed; a failure of the connection is `Unavailable`.
+pub fn schedule(conn: &mut Conn, revision: Revision) -> Result<(Revision, Removal)> {
+    schedule_in(conn.client(), revision).map_err(|e| match e {
+        Error::Backend(inner) => error(conn, inner),
+        other => other,
+    })
 }
 
 /// The logical step in one transaction (rolled back when dropped uncommitted).

@@ -128,10 +128,12 @@ impl PostgresBackend {
         let meta = schema::init(&mut client)?;
         drop(client);
         let shared = Arc::new(Shared::new(meta.revision, meta.compact_revision));
-        let writer = writer::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL writer")?;
         feed::spawn(connector.clone(), shared.clone()).context("start the PostgreSQL event feed")?;
         let compactor = CompactWorker::spawn("pg-compactor", compact::PgCompaction(connector.clone()))
             .context("start the PostgreSQL compactor")?;
+        let removals = compactor.removals().context("the PostgreSQL compactor stopped at start")?;
+        let writer =
+            writer::spawn(connector.clone(), shared.clone(), removals).context("start the PostgreSQL writer")?;
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "PostgreSQL database open");
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(PostgresBackend {
@@ -180,7 +182,7 @@ impl PostgresBackend {
 
     async fn compact_with(&self, revision: Revision, physical: bool) -> Result<Revision> {
         self.refuse_write()?;
-        self.compactor.as_ref().ok_or_else(stopped)?.compact(revision, physical).await
+        self.writer.submit(|reply| Job::Compact { revision, physical, reply }).await
     }
 
     /// Reads are served: open read-only, or for writes until closed.

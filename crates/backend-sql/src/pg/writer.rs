@@ -7,9 +7,11 @@
 //! nothing before them is still unpublished (`Shared::publish_own`). Begin and lock, and
 //! advance, notify and commit, are one round trip each (several statements in one simple query).
 
+use super::compact;
 use super::conn::{Conn, Sql};
 use super::view::PgView;
 use super::{Connector, Shared};
+use crate::compact_worker::{Removals, handover};
 use crate::writer::{Job, Reply, Results, collect_batch, failed_in_database, no_space_if, with_savepoints_if_needed};
 use anyhow::Context;
 use kine_core::request::Revisioned;
@@ -19,13 +21,13 @@ use postgres::SimpleQueryMessage;
 use postgres::types::Type;
 use std::sync::{Arc, mpsc};
 
-pub fn spawn(connector: Connector, shared: Arc<Shared>) -> std::io::Result<mpsc::Sender<Job>> {
+pub fn spawn(connector: Connector, shared: Arc<Shared>, removals: Removals) -> std::io::Result<mpsc::Sender<Job>> {
     let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new().name("pg-writer".into()).spawn(move || run(connector, shared, rx))?;
+    std::thread::Builder::new().name("pg-writer".into()).spawn(move || run(connector, shared, removals, rx))?;
     Ok(tx)
 }
 
-fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
+fn run(connector: Connector, shared: Arc<Shared>, removals: Removals, rx: mpsc::Receiver<Job>) {
     // Connected before the first write arrives, so that it does not wait for the connection
     // (and PostgreSQL's loading of a new session), measured at ~90 ms; a failure here is
     // retried at the first job.
@@ -71,10 +73,13 @@ fn run(connector: Connector, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
                 let batch = collect_batch((op, reply), &rx, &mut held);
                 write_batch(conn, &shared, batch);
             }
-            // Compactions run on the compactor's connection (`compact.rs`).
-            Job::Compact { reply, .. } => {
-                let _ = reply.send(Err(Error::Backend(anyhow::anyhow!("compaction sent to the PostgreSQL writer"))));
-            }
+            // The logical step here; the removal on the compactor's connection.
+            Job::Compact { revision, physical, reply } => match compact::schedule(conn, revision) {
+                Ok((current, removal)) => handover(&removals, removal, (revision, current, reply), physical),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             Job::Defragment(reply) => {
                 let result = conn.client().batch_execute("VACUUM kv, lease").context("VACUUM").map_err(Error::Backend);
                 let _ = reply.send(result);
