@@ -132,7 +132,7 @@ async fn a_burst_of_reads_reuses_pooled_connections() {
         t.await.unwrap();
     }
     let opened = pg.log().matches("connection authorized: user=kine database=burst").count();
-    // 20 kept idle (the default) for reads, plus the writer, the feed, the schema check and the
-    // first attempt that found no database.
-    assert!(opened <= 24, "{opened} connections opened for 2000 reads by 100 clients:\n{}", pg.log());
+    // 20 kept idle (the default) for reads, plus the writer, the feed, the compactor's removal
+    // connection, the schema check and the first attempt that found no database.
+    assert!(opened <= 25, "{opened} connections opened for 2000 reads by 100 clients:\n{}", pg.log());
 }
