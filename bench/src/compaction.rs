@@ -161,7 +161,16 @@ impl Outcome {
             before.percentile_ms(0.99),
             before.percentile_ms(1.0),
             self.errors,
-        )
+        ) + &self.stalls(from, to)
+    }
+
+    /// Where the stalls were: the writes during the compaction that took over 100 ms, and when
+    /// the slowest one started, in seconds from the compaction's start (negative: before it).
+    fn stalls(&self, from: Duration, to: Duration) -> String {
+        let during: Vec<&Write> = self.writes.iter().filter(|w| w.overlaps(from, to)).collect();
+        let over = during.iter().filter(|w| w.latency > Duration::from_millis(100)).count();
+        let at = during.iter().max_by_key(|w| w.latency).map_or(0.0, |w| w.start.as_secs_f64() - from.as_secs_f64());
+        format!(" during_over_100ms={over} during_max_at_s={at:.2}")
     }
 }
 

@@ -31,7 +31,9 @@ impl Inner {
             kine_core::txn::check_compact(revision, current, compacted)?;
             (current, compacted)
         };
+        let started = std::time::Instant::now();
         let plan = self.plan(previous, revision).await;
+        let (planned, keys) = (started.elapsed(), plan.len());
         let record = || self.meta.put(meta::COMPACT_REVISION, revision.to_string().into());
         match timed("record the compact revision", record()).await {
             Ok(_) => {
@@ -50,8 +52,17 @@ impl Inner {
             }
             Err(e) => return Err(e),
         }
+        let purged = started.elapsed();
         self.compact_table(revision).await?;
-        tracing::debug!(revision, previous, "compacted");
+        tracing::debug!(
+            revision,
+            previous,
+            keys,
+            plan_ms = planned.as_millis() as u64,
+            purge_ms = (purged - planned).as_millis() as u64,
+            table_ms = (started.elapsed() - purged).as_millis() as u64,
+            "compacted"
+        );
         Ok(current)
     }
 
