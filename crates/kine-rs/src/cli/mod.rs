@@ -356,7 +356,7 @@ mod tests {
                 | "s3-ca-bundle" => "/some/file.pem",
                 "name" => "node-7",
                 "auth-token-ttl" | "bcrypt-cost" | "compact-min-retain" | "compact-batch-size" => "7",
-                "max-request-bytes" | "s3-checkpoint-segments" => "77",
+                "max-request-bytes" | "max-response-bytes" | "s3-checkpoint-segments" => "77",
                 "datastore-max-idle-connections" | "datastore-max-open-connections" => "-1",
                 "watch-progress-notify-interval"
                 | "compact-interval"
