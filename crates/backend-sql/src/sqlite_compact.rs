@@ -7,12 +7,12 @@
 
 use crate::removal::{BATCH_ROWS, REMOVED, Removal, Waiters};
 use crate::schema;
-use crate::writer::{Reply, Shared};
 use anyhow::Context;
 use kine_core::{Error, Revision, txn};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
 /// How long a failed removal batch waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(5);
@@ -71,18 +71,18 @@ impl Compacting {
     pub fn schedule(
         &mut self,
         conn: &mut Connection,
-        shared: &Shared,
+        current: Revision,
+        compacted: &AtomicI64,
         revision: Revision,
         physical: bool,
-        reply: Reply<Revision>,
+        reply: oneshot::Sender<kine_core::Result<Revision>>,
     ) {
-        let current = shared.current.load(Ordering::SeqCst);
-        let previous = shared.compacted.load(Ordering::SeqCst);
+        let previous = compacted.load(Ordering::SeqCst);
         let scheduled = txn::check_compact(revision, current, previous)
             .and_then(|()| record(conn, revision, previous).context("compact").map_err(Error::Backend));
         match scheduled {
             Ok(removed) => {
-                shared.compacted.store(revision, Ordering::SeqCst);
+                compacted.store(revision, Ordering::SeqCst);
                 if self.removal.is_none() {
                     self.started = Some(Instant::now());
                 }

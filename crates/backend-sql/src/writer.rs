@@ -194,7 +194,8 @@ fn run(mut conn: Connection, shared: Arc<Shared>, rx: mpsc::Receiver<Job>) {
                 write_batch(&mut conn, &shared, batch);
             }
             Job::Compact { revision, physical, reply } => {
-                compacting.schedule(&mut conn, &shared, revision, physical, reply);
+                let current = shared.current.load(Ordering::SeqCst);
+                compacting.schedule(&mut conn, current, &shared.compacted, revision, physical, reply);
             }
             Job::Defragment(reply) => {
                 let result = conn

@@ -8,6 +8,9 @@ use kine_core::store::{Store, StoreOptions};
 use kine_core::{Error, EventKind, KeyRange, KeyValue, Revision};
 use std::sync::Arc;
 
+mod ranges;
+pub use ranges::{long_ranges_are_read_whole, range_stream_parts_are_the_range};
+
 pub async fn store(backend: Arc<dyn Backend>) -> Arc<Store> {
     Store::open(backend, StoreOptions::default()).await.expect("open store")
 }
@@ -468,91 +471,6 @@ pub async fn lease_revoke_deletes_keys_in_one_revision(b: Arc<dyn Backend>) {
     let (empty, _, _) = s.lease_grant(77, 30).await.unwrap();
     assert_eq!(empty, 77);
     assert_eq!(s.lease_revoke(77).await.unwrap(), 5);
-}
-
-/// A range longer than the core's page (4,096 keys) is read a page at a time (each page starts
-/// after the previous one's last key): whole, in key order, at the newest revision and at an
-/// older one, with and without a limit, and in a Txn.
-pub async fn long_ranges_are_read_whole(b: Arc<dyn Backend>) {
-    let s = store(b).await;
-    let name = |i: usize| format!("/long/{i:05}");
-    for first in (0..4500).step_by(100) {
-        let puts = (first..first + 100).map(|i| RequestOp::Put(put_req(&name(i), "v"))).collect();
-        s.txn(TxnRequest { compare: vec![], success: puts, failure: vec![] }).await.expect("fill");
-    }
-    let full = s.current_revision().await.unwrap();
-    for i in (0..4500).step_by(450) {
-        s.delete_range(DeleteRangeRequest { range: KeyRange::single(name(i)), prev_kv: false }).await.unwrap();
-    }
-    let keys = |r: &RangeResponse| -> Vec<Vec<u8>> { r.kvs.iter().map(|kv| kv.key.clone()).collect() };
-    let at = |revision: Revision| RangeRequest { revision, ..RangeRequest::new(prefix("/long/")) };
-    let old = s.range(at(full)).await.unwrap().value;
-    assert_eq!(keys(&old), (0..4500).map(|i| name(i).into_bytes()).collect::<Vec<_>>(), "at revision {full}");
-    assert_eq!((old.count, old.more), (4500, false));
-    let now = s.range(at(0)).await.unwrap().value;
-    let expected: Vec<Vec<u8>> = (0..4500).filter(|i| i % 450 != 0).map(|i| name(i).into_bytes()).collect();
-    assert_eq!(keys(&now), expected);
-    let limited = s.range(RangeRequest { limit: 4200, ..at(0) }).await.unwrap().value;
-    assert_eq!((keys(&limited), limited.count, limited.more), (expected[..4200].to_vec(), 4490, true));
-    let txn = TxnRequest { compare: vec![], success: vec![RequestOp::Range(at(full))], failure: vec![] };
-    match &s.txn(txn).await.unwrap().value.responses[0] {
-        ResponseOp::Range(r) => assert_eq!(r.value.kvs.len(), 4500),
-        other => panic!("expected a range, got {other:?}"),
-    }
-}
-
-/// RangeStream: its parts, concatenated, are the Range (keys, count, more, header revision) for
-/// every option it takes, at the revision of its first part whatever is written meanwhile.
-pub async fn range_stream_parts_are_the_range(b: Arc<dyn Backend>) {
-    let s = store(b).await;
-    for i in 0..300 {
-        put(&s, &format!("/rs/{i:04}"), &"v".repeat(i % 50)).await;
-    }
-    s.compact(100).await.unwrap();
-    let current = put(&s, "/rs/last", "x").await;
-    let cases = [
-        RangeRequest::new(prefix("/rs/")),
-        RangeRequest { limit: 7, ..RangeRequest::new(prefix("/rs/")) },
-        RangeRequest { limit: 300, ..RangeRequest::new(prefix("/rs/")) },
-        RangeRequest { keys_only: true, ..RangeRequest::new(prefix("/rs/")) },
-        RangeRequest { count_only: true, ..RangeRequest::new(prefix("/rs/")) },
-        RangeRequest { revision: 150, ..RangeRequest::new(prefix("/rs/")) },
-        RangeRequest { serializable: true, limit: 250, ..RangeRequest::new(prefix("/rs/")) },
-        RangeRequest { sort_order: SortOrder::Ascend, ..RangeRequest::new(prefix("/rs/")) },
-        RangeRequest::new(KeyRange::single("/rs/0042")),
-        RangeRequest::new(prefix("/none/")),
-    ];
-    for req in cases {
-        let unary = s.range(req.clone()).await.unwrap();
-        // A small part size: many parts.
-        let mut parts = s.range_stream(req.clone(), 2048).unwrap();
-        let mut kvs = Vec::new();
-        let mut last = None;
-        let mut n = 0;
-        while let Some(p) = parts.next().await.unwrap() {
-            n += 1;
-            if n == 2 {
-                // Written during the stream: not in it.
-                put(&s, "/rs/0000", "late").await;
-            }
-            assert!(last.is_none(), "{req:?}: a part after the last");
-            kvs.extend(p.kvs);
-            last = p.last;
-        }
-        let last = last.expect("a last part");
-        assert_eq!(kvs, unary.value.kvs, "{req:?}");
-        assert_eq!(
-            (last.revision, last.count, last.more),
-            (unary.revision, unary.value.count, unary.value.more),
-            "{req:?}"
-        );
-    }
-    assert!(current > 1);
-    // Revisions: future and compacted as Range answers them.
-    let future = RangeRequest { revision: 100_000, ..RangeRequest::new(prefix("/rs/")) };
-    assert!(matches!(s.range_stream(future, 2048).unwrap().next().await, Err(Error::FutureRevision)));
-    let compacted = RangeRequest { revision: 50, ..RangeRequest::new(prefix("/rs/")) };
-    assert!(matches!(s.range_stream(compacted, 2048).unwrap().next().await, Err(Error::Compacted { .. })));
 }
 
 /// The auth record: absent on a fresh datastore, replaced only from the version read, and not
