@@ -6,6 +6,7 @@ Python standard library only.
     charts.py apiserver RUNS.log OUTDIR    (bench/apiserver.sh's runs.log)
     charts.py kwok RUNS.log OUTDIR         (bench/kwok.sh's runs.log)
     charts.py compaction RUNS.log OUTDIR   (bench/compaction.sh's runs.log)
+    charts.py store-size RUNS.log OUTDIR   (bench/store-size.sh's runs.log)
 
 Writes into OUTDIR:
     <level>-ratios.svg   every workload (rows) and system (columns) as a ratio against etcd:
@@ -23,6 +24,8 @@ Writes into OUTDIR:
                          per system (compaction.sh).
     kwok-p99.svg         the worst mutating API call's p99 against the cluster's size, a line
                          per system (kwok.sh); kwok-store-p99.svg the datastore writes' p99.
+    store-size-<w>.svg   the p99 of gets, updates (cas) and list pages against the store's
+                         size, a line per system (store-size.sh).
 Medians over the rounds, as in the tables of summarize.py and summarize-apiserver.py."""
 import importlib.util
 import math
@@ -208,19 +211,24 @@ def apiserver(path, outdir):
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
 
 
-def lines(series, title, xlabel, unit):
-    """A line chart: series is {name: [(x, y), ...]}; log-scaled y, linear x."""
+def lines(series, title, xlabel, unit, logx=False):
+    """A line chart: series is {name: [(x, y), ...]}; log-scaled y, linear x (log-scaled with
+    `logx`)."""
     points = [pt for pts in series.values() for pt in pts if pt[1] and pt[1] > 0]
     if not points:
         return svg(400, 60, ['<text x="10" y="40">no data</text>'], title)
     width, height, left, top, plot_w, plot_h = 640, 360, 60, 40, 430, 260
     xmax = max(x for x, _ in points)
+    xmin = min(x for x, _ in points)
     ylo = 10 ** math.floor(math.log10(min(y for _, y in points)))
     yhi = 10 ** math.ceil(math.log10(max(y for _, y in points)))
     if yhi <= ylo:
         yhi = ylo * 10
 
     def px(x):
+        if logx:
+            span = math.log10(xmax) - math.log10(xmin) or 1
+            return left + plot_w * (math.log10(x) - math.log10(xmin)) / span
         return left + plot_w * x / xmax
 
     def py(y):
@@ -278,6 +286,17 @@ def compaction(path, outdir):
     write(outdir, "compaction-stall.svg", paired_bars([group], systems, values, title, "ms", ("p99.9", "max")))
 
 
+def store_size(path, outdir):
+    summarize = load("summarize-store-size")
+    with open(path) as f:
+        systems = summarize.parse(f)[0]
+    for workload, name in (("get", "gets"), ("cas", "updates"), ("list", "list pages of 500")):
+        series = {s: [(k, float(step[workload]["p99_ms"])) for k, step in steps.items() if workload in step]
+                  for s, steps in systems.items()}
+        write(outdir, f"store-size-{workload}.svg",
+              lines(series, f"p99 of {name} (16 clients) against the store's size", "keys", "ms", logx=True))
+
+
 def write(outdir, name, text):
     with open(os.path.join(outdir, name), "w") as f:
         f.write(text)
@@ -285,10 +304,11 @@ def write(outdir, name, text):
 
 
 def main():
-    if len(sys.argv) != 4 or sys.argv[1] not in ("etcd-api", "apiserver", "kwok", "compaction"):
+    if len(sys.argv) != 4 or sys.argv[1] not in ("etcd-api", "apiserver", "kwok", "compaction", "store-size"):
         sys.exit(__doc__)
     os.makedirs(sys.argv[3], exist_ok=True)
-    {"etcd-api": etcd_api, "apiserver": apiserver, "kwok": kwok, "compaction": compaction}[sys.argv[1]](sys.argv[2], sys.argv[3])
+    {"etcd-api": etcd_api, "apiserver": apiserver, "kwok": kwok, "compaction": compaction,
+     "store-size": store_size}[sys.argv[1]](sys.argv[2], sys.argv[3])
 
 
 if __name__ == "__main__":

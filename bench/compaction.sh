@@ -47,19 +47,6 @@ bench=target/release/kine-rs-bench
 [[ -x $bench ]] || stores_die "$bench not found: cargo build --release -p kine-rs-bench"
 command -v etcdctl >/dev/null || stores_die "etcdctl not found (Debian: apt-get install etcd-client)"
 
-# wait_healthy SYSTEM URL: until the store at URL answers (etcd: once it has a leader); fails
-# if one of its processes exits or 60 s pass.
-wait_healthy() {
-    local p
-    for _ in $(seq 300); do
-        etcdctl --endpoints "$2" --dial-timeout 1s --command-timeout 2s endpoint health >/dev/null 2>&1 && return 0
-        for p in ${store_pids//,/ }; do kill -0 "$p" 2>/dev/null || { say "# FAILED: $1 exited at start (log: $out/$1.log)"; return 1; }; done
-        sleep 0.2
-    done
-    say "# FAILED: $1 not answering at $2 within 60 s (log: $out/$1.log)"
-    return 1
-}
-
 stores_begin compaction
 say "# $(date -u +%FT%TZ) bench/compaction.sh --superseded $superseded --keys $keys --clients $clients ${systems[*]}; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 versions=$(stores_versions)
@@ -69,7 +56,7 @@ for system in "${systems[@]}"; do
     mkdir -p "$dir"
     start_store "$system" "$dir"
     url=${store_urls%%,*} pid=${store_pids%%,*}
-    if wait_healthy "$system" "$url"; then
+    if wait_store "$system" "$url"; then
         # The report line (stdout) is printed even when the compaction failed or did not finish;
         # the progress (stderr) goes to the terminal and the bench's log.
         if line=$({ "$bench" --endpoint "$url" --label "$system" --workload compaction --keys "$keys" \

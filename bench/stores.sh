@@ -120,17 +120,38 @@ start_store() {
         done
         return ;;
     kine-rs-postgres)
-        pg_throwaway_start >/dev/null
+        # A database server already up (restart_store) keeps its data.
+        [[ -n ${PG_THROWAWAY_DIR:-} ]] || pg_throwaway_start >/dev/null
         store_pids=$(head -1 "$PG_THROWAWAY_DIR/data/postmaster.pid") store_dir=$PG_THROWAWAY_DIR
         "$kine_rs" "${listen[@]}" --endpoint "$PG_THROWAWAY_URL/kine?sslmode=disable" >"$out/$system.log" 2>&1 & ;;
     kine-rs-mysql)
-        mysql_throwaway_start >/dev/null
+        [[ -n ${MYSQL_THROWAWAY_DIR:-} ]] || mysql_throwaway_start >/dev/null
         store_pids=$MYSQL_THROWAWAY_PID store_dir=$MYSQL_THROWAWAY_DIR
         "$kine_rs" "${listen[@]}" --endpoint "$MYSQL_THROWAWAY_URL/kine" >"$out/$system.log" 2>&1 & ;;
     *) stores_die "unknown system $system" ;;
     esac
     pids+=($!)
     store_pids=${store_pids:+$store_pids,}$!
+}
+
+# restart_store SYSTEM DIR: the datastore's processes stopped and started again on the same
+# data (PostgreSQL and MariaDB stay up: kine-rs restarts on them).
+restart_store() {
+    stop_all
+    start_store "$@"
+}
+
+# wait_store SYSTEM URL: until the store at URL answers (etcd: once it has a leader); fails if
+# one of its processes exits or 60 s pass.
+wait_store() {
+    local p
+    for _ in $(seq 300); do
+        etcdctl --endpoints "$2" --dial-timeout 1s --command-timeout 2s endpoint health >/dev/null 2>&1 && return 0
+        for p in ${store_pids//,/ }; do kill -0 "$p" 2>/dev/null || { say "# FAILED: $1 exited at start (log: $out/$1.log)"; return 1; }; done
+        sleep 0.2
+    done
+    say "# FAILED: $1 not answering at $2 within 60 s (log: $out/$1.log)"
+    return 1
 }
 
 stop_store() {

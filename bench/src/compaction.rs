@@ -63,7 +63,7 @@ pub async fn write(endpoint: &str, keys: u64, events: u64, value_bytes: usize, r
         tasks.push(tokio::spawn(async move {
             for (k, iteration) in history_puts(w, keys, events) {
                 let key = format!("/bench/c/{run:x}/{k:09}");
-                let value = Shape::Flat.value(value_bytes, k, iteration);
+                let value = Shape::Flat.value(Some(value_bytes), k, iteration);
                 let r = c.put(key.as_str(), value, None).await.with_context(|| format!("put {key}"))?;
                 target.fetch_max(r.header().context("a put answer without header")?.revision(), Ordering::Relaxed);
                 written.fetch_add(1, Ordering::Relaxed);
@@ -236,7 +236,7 @@ pub async fn run(
 async fn writer(mut c: Client, id: u64, run: u64, value_bytes: usize, shared: Arc<Shared>) {
     let mut n = 0;
     while shared.started.elapsed() < Duration::from_nanos(shared.stop.load(Ordering::Relaxed)) {
-        let (key, value) = (format!("/bench/cw/{run:x}/{id}/{n:09}"), Shape::Flat.value(value_bytes, n, id));
+        let (key, value) = (format!("/bench/cw/{run:x}/{id}/{n:09}"), Shape::Flat.value(Some(value_bytes), n, id));
         let start = shared.started.elapsed();
         match c.put(key, value, None).await {
             Ok(_) => {

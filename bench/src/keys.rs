@@ -18,6 +18,9 @@ pub enum Shape {
 /// endpoint slices, events) are protobuf blobs of this order.
 pub const K8S_VALUE_BYTES: std::ops::RangeInclusive<usize> = 1024..=4096;
 
+/// Value size of the flat shape unless `--value-bytes` says otherwise (etcd's benchmark's).
+pub const FLAT_VALUE_BYTES: usize = 256;
+
 /// Pods per namespace in the k8s shape.
 const PODS_PER_NAMESPACE: u64 = 1000;
 
@@ -65,18 +68,20 @@ impl Shape {
         }
     }
 
-    /// The value written to key number `key` the `iteration`-th time. Flat: `--value-bytes`
-    /// bytes. K8s: a size in [`K8S_VALUE_BYTES`] and pseudo-random bytes (so that a datastore
-    /// that compresses, such as PostgreSQL's TOAST, gains no more than on real objects), both
-    /// fixed by `(key, iteration)`.
-    pub fn value(self, value_bytes: usize, key: u64, iteration: u64) -> Vec<u8> {
+    /// The value written to key number `key` the `iteration`-th time. Flat: `value_bytes`
+    /// bytes ([`FLAT_VALUE_BYTES`] by default). K8s: pseudo-random bytes (so that a datastore
+    /// that compresses, such as PostgreSQL's TOAST, gains no more than on real objects) of
+    /// `value_bytes`, by default of a size in [`K8S_VALUE_BYTES`]; both fixed by
+    /// `(key, iteration)`.
+    pub fn value(self, value_bytes: Option<usize>, key: u64, iteration: u64) -> Vec<u8> {
         let mut v = format!("{key}:{iteration}:").into_bytes();
         match self {
-            Shape::Flat => v.resize(value_bytes.max(v.len()), b'x'),
+            Shape::Flat => v.resize(value_bytes.unwrap_or(FLAT_VALUE_BYTES).max(v.len()), b'x'),
             Shape::K8s => {
                 let mut rng = Rng::new(mix(key, iteration));
                 let span = (K8S_VALUE_BYTES.end() - K8S_VALUE_BYTES.start() + 1) as u64;
-                let size = K8S_VALUE_BYTES.start() + rng.below(span) as usize;
+                let random = K8S_VALUE_BYTES.start() + rng.below(span) as usize;
+                let size = value_bytes.unwrap_or(random);
                 while v.len() < size {
                     v.extend_from_slice(&rng.next().to_le_bytes());
                 }
@@ -149,21 +154,26 @@ mod tests {
 
     #[test]
     fn values_are_deterministic_and_sized() {
-        assert_eq!(Shape::Flat.value(256, 7, 3).len(), 256);
-        assert!(Shape::Flat.value(256, 7, 3).starts_with(b"7:3:"));
+        assert_eq!(Shape::Flat.value(None, 7, 3).len(), FLAT_VALUE_BYTES);
+        assert_eq!(Shape::Flat.value(Some(100), 7, 3).len(), 100);
+        assert!(Shape::Flat.value(None, 7, 3).starts_with(b"7:3:"));
         // A size too small for the tag keeps the tag.
-        assert_eq!(Shape::Flat.value(0, 7, 3), b"7:3:");
+        assert_eq!(Shape::Flat.value(Some(0), 7, 3), b"7:3:");
+        assert_eq!(Shape::K8s.value(Some(0), 7, 3), b"7:3:");
+        // A fixed size for the k8s shape: still pseudo-random bytes, differing per version.
+        assert_eq!(Shape::K8s.value(Some(512), 7, 3).len(), 512);
+        assert_ne!(Shape::K8s.value(Some(512), 7, 3), Shape::K8s.value(Some(512), 7, 4));
         let (mut smallest, mut largest) = (usize::MAX, 0);
         for key in 0..2000 {
-            let v = Shape::K8s.value(256, key, key % 5);
+            let v = Shape::K8s.value(None, key, key % 5);
             assert!(K8S_VALUE_BYTES.contains(&v.len()), "size {}", v.len());
-            assert_eq!(v, Shape::K8s.value(256, key, key % 5));
+            assert_eq!(v, Shape::K8s.value(None, key, key % 5));
             (smallest, largest) = (smallest.min(v.len()), largest.max(v.len()));
         }
         // Spread over the whole range, not one size.
         assert!(smallest < 1100 && largest > 4000, "{smallest}..{largest}");
-        assert_ne!(Shape::K8s.value(0, 1, 0), Shape::K8s.value(0, 1, 1));
-        assert_ne!(Shape::K8s.value(0, 1, 0), Shape::K8s.value(0, 2, 0));
+        assert_ne!(Shape::K8s.value(None, 1, 0), Shape::K8s.value(None, 1, 1));
+        assert_ne!(Shape::K8s.value(None, 1, 0), Shape::K8s.value(None, 2, 0));
     }
 
     #[test]

@@ -129,9 +129,11 @@ struct Args {
     /// Preloaded keys that reads and updates pick from.
     #[arg(long, default_value_t = 1000)]
     keys: u64,
-    /// Value size of the flat shape (and of `watch`).
-    #[arg(long, default_value_t = 256)]
-    value_bytes: usize,
+    /// Value size: of the flat shape and every flat-only workload 256 by default; the k8s
+    /// shape's values are of 1–4 KiB unless this fixes their size (pseudo-random bytes either
+    /// way: a large store of smaller objects fits the disk).
+    #[arg(long)]
+    value_bytes: Option<usize>,
     /// Page size of `list`.
     #[arg(long, default_value_t = 500)]
     limit: i64,
@@ -174,6 +176,11 @@ struct Args {
 }
 
 impl Args {
+    /// The value size of the flat-only workloads.
+    fn flat_bytes(&self) -> usize {
+        self.value_bytes.unwrap_or(keys::FLAT_VALUE_BYTES)
+    }
+
     /// Refuses combinations that would measure nothing or something else than asked.
     fn check(&self) -> Result<()> {
         ensure!(self.clients > 0, "--clients must be at least 1");
@@ -267,7 +274,7 @@ async fn main() -> Result<()> {
     if args.workload == Workload::Failover {
         let writers = writers(&args).await?;
         let pid = args.origin_pid.context("--origin-pid")?;
-        let o = failover::run(first, writers, args.rate, args.value_bytes, args.seconds, pid).await?;
+        let o = failover::run(first, writers, args.rate, args.flat_bytes(), args.seconds, pid).await?;
         println!(
             "label={} workload=failover rate={} writers={} acked={} lost={} origin_revision={} promoted_revision={} promoted_ms={:.0} first_write_ms={:.0}",
             if args.label.is_empty() { "-" } else { &args.label },
@@ -287,7 +294,7 @@ async fn main() -> Result<()> {
     }
     let history = if args.workload == Workload::Replay {
         let mut c = first.clone();
-        Some(replay::write(&args.endpoint, &mut c, args.events, args.keys, args.value_bytes, params.run).await?)
+        Some(replay::write(&args.endpoint, &mut c, args.events, args.keys, args.flat_bytes(), params.run).await?)
     } else {
         None
     };
@@ -316,7 +323,7 @@ async fn main() -> Result<()> {
         let writers = writers(&args).await?;
         let layout = watch::Layout { watchers: args.watchers, on: args.watch_on, slow: args.slow_clients };
         let o =
-            watch::run(clients, writers, layout, args.rate, args.value_bytes, args.seconds, args.server_pid).await?;
+            watch::run(clients, writers, layout, args.rate, args.flat_bytes(), args.seconds, args.server_pid).await?;
         let mut extra =
             format!(" watchers={} watch_on={} rate={} puts={}", args.watchers, name(args.watch_on), args.rate, o.puts);
         if args.slow_clients > 0 {
@@ -360,9 +367,9 @@ async fn main() -> Result<()> {
         } else {
             0
         },
-        match args.shape {
-            Shape::Flat => args.value_bytes.to_string(),
-            Shape::K8s => format!("{}-{}", keys::K8S_VALUE_BYTES.start(), keys::K8S_VALUE_BYTES.end()),
+        match (args.shape, args.value_bytes) {
+            (Shape::K8s, None) => format!("{}-{}", keys::K8S_VALUE_BYTES.start(), keys::K8S_VALUE_BYTES.end()),
+            _ => args.flat_bytes().to_string(),
         },
         stats.ops(),
         stats.ops() as f64 / elapsed,
@@ -393,13 +400,13 @@ async fn main() -> Result<()> {
 /// The `compaction` workload: the history (untimed), then the measure with the server's usage
 /// during it; one report line, and an error if the compaction failed or did not finish.
 async fn compaction(args: &Args, params: &Params, first: etcd_client::Client) -> Result<()> {
-    let target = compaction::write(&args.endpoint, args.keys, args.events, args.value_bytes, params.run).await?;
+    let target = compaction::write(&args.endpoint, args.keys, args.events, args.flat_bytes(), params.run).await?;
     if let Some(pid) = args.server_pid {
         server::reset_peak(pid);
     }
     let before = args.server_pid.map(server::usage).transpose()?;
     let rss_before = args.server_pid.and_then(server::rss_mib);
-    let o = compaction::run(&args.endpoint, first, args.clients, target, args.value_bytes, params.run, args.seconds)
+    let o = compaction::run(&args.endpoint, first, args.clients, target, args.flat_bytes(), params.run, args.seconds)
         .await?;
     let after = args.server_pid.map(server::usage).transpose()?;
     let mut line = format!(
@@ -407,7 +414,7 @@ async fn compaction(args: &Args, params: &Params, first: etcd_client::Client) ->
         if args.label.is_empty() { "-" } else { &args.label },
         args.clients,
         args.keys,
-        args.value_bytes,
+        args.flat_bytes(),
         args.events,
         o.fields()
     );

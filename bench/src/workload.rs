@@ -12,8 +12,8 @@ pub struct Params {
     pub shape: Shape,
     /// Keys of the preloaded key space (`shape.key(0..keys)`).
     pub keys: u64,
-    /// Value size of the flat shape.
-    pub value_bytes: usize,
+    /// Value size (`--value-bytes`): the shape's default when not given.
+    pub value_bytes: Option<usize>,
     /// List page size.
     pub limit: i64,
     pub serializable: bool,

@@ -34,6 +34,7 @@ mod record;
 mod replica;
 mod sent;
 mod setup;
+mod warm;
 mod write;
 
 use crate::batch::MessageSeqs;

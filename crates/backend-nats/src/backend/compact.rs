@@ -1,7 +1,8 @@
 //! Compaction by purge: the compact revision is recorded in `<bucket>-meta`, then every key
 //! changed since the previous compaction loses its messages superseded at that revision (one
 //! purge per key, with a subject filter and a sequence), fillers (`message::FILL_TOKEN`, written
-//! by an import) at or below it go too, and the replica compacts in memory.
+//! by an import) at or below it go too, and the replica compacts in memory. The purges are
+//! preceded by reads that load the history they will walk (`warm.rs`).
 //!
 //! A read-only copy applies its origin's compactions the same way once its replica holds the
 //! compact revision: a JetStream mirror does not repeat its origin's purges, so without this
@@ -33,6 +34,7 @@ impl Inner {
         };
         let started = std::time::Instant::now();
         let plan = self.plan(previous, revision).await;
+        self.warm(previous, revision).await;
         let (planned, keys) = (started.elapsed(), plan.len());
         let record = || self.meta.put(meta::COMPACT_REVISION, revision.to_string().into());
         match timed("record the compact revision", record()).await {
@@ -75,6 +77,7 @@ impl Inner {
             return Ok(());
         }
         let plan = self.plan(compacted, revision).await;
+        self.warm(compacted, revision).await;
         self.purge_superseded(plan, revision).await?;
         self.purge_fillers(revision, current).await?;
         self.compact_table(revision).await?;

@@ -109,6 +109,25 @@ impl MemTable {
         (out, next)
     }
 
+    /// Changes in `(since, until]` about `stride` revisions apart, `(key, revision)`: the first
+    /// change at or after `since + 1`, then the first at or after `stride` past the last one
+    /// taken, and so on. A compaction reads the stored versions these name before it removes
+    /// anything, so that the store has the stretches of history it will purge loaded (NATS).
+    pub fn log_samples(&self, since: Revision, until: Revision, stride: Revision) -> Vec<(Vec<u8>, Revision)> {
+        let (mut out, mut next) = (Vec::new(), since + 1);
+        while next <= until {
+            let i = self.log.partition_point(|(r, _)| *r < next);
+            match self.log.get(i) {
+                Some((r, key)) if *r <= until => {
+                    out.push((key.to_vec(), *r));
+                    next = r + stride.max(1);
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
     /// The next `STEP_KEYS` keys after `after`, in key order.
     fn keys_after(&self, after: Option<&[u8]>) -> Vec<Key> {
         let start = after.map_or(Bound::Unbounded, Bound::Excluded);
@@ -217,5 +236,22 @@ mod tests {
         assert_eq!(format!("{:?}", whole.keys), format!("{:?}", stepped.keys));
         assert_eq!(whole.log, stepped.log);
         assert_eq!(whole.changed_keys_between(at, at + 50), stepped.changed_keys_between(at, at + 50));
+    }
+
+    #[test]
+    fn log_samples_are_a_stride_apart_within_the_range() {
+        let t = history();
+        let current = t.revisions().current;
+        let samples = t.log_samples(1, current, 1000);
+        let revs: Vec<Revision> = samples.iter().map(|(_, r)| *r).collect();
+        assert_eq!(revs.first(), Some(&2));
+        assert!(revs.windows(2).all(|w| w[1] - w[0] == 1000), "{revs:?}");
+        assert!(*revs.last().unwrap() > current - 1000);
+        // Each names the key changed at its revision.
+        assert_eq!(samples[1].0, b"k01000".to_vec());
+        // Bounds: nothing at or below `since`, nothing past `until`, none in an empty range.
+        assert_eq!(t.log_samples(10, 20, 4).iter().map(|(_, r)| *r).collect::<Vec<_>>(), vec![11, 15, 19]);
+        assert!(t.log_samples(current, current + 5, 1).is_empty());
+        assert_eq!(t.log_samples(0, 3, 0).len(), 2, "a stride of 0 counts as 1");
     }
 }
