@@ -2,8 +2,10 @@
 # How each datastore's cost grows with the size of the store (issue 43, item 2): Kubernetes-
 # shaped keys (/registry/pods/<ns>/<name>) loaded step by step up to each size of a ladder, and
 # at every step, 16 clients for --seconds each: gets, list pages (limit 500), creates, updates
-# (get + conditional update: each step adds history), a whole list through RangeStream (up to
-# 100,000 keys), and a watch catching up on 10,000 events from an old revision; the resident
+# (get + conditional update: each step adds history), then one client reading the whole list in
+# pages of 500 at the first page's revision (kube-apiserver's paginated list) and through
+# RangeStream (both up to 1,000,000 keys), and a watch catching up on 10,000 events from an old
+# revision; the resident
 # memory and the size on disk. After the last step: the time from a restart to serving, then a
 # physical compaction at the current revision and a defragmentation, timed, and the disk after
 # (resident memory: with and without the pages of mapped files, as etcd and kine-rs on SQLite
@@ -94,8 +96,10 @@ ladder() {
         for w in get list create cas; do
             step "$system" "$url" "$pid" "$keys" "$w" --keys "$keys" "${shape[@]}" --clients 16 --seconds "$seconds" || return 1
         done
-        if [[ $keys -le 100000 ]]; then
-            step "$system" "$url" "$pid" "$keys" stream-all --keys "$keys" "${shape[@]}" --clients 1 --seconds "$seconds" || return 1
+        if [[ $keys -le 1000000 ]]; then
+            for w in list-all stream-all; do
+                step "$system" "$url" "$pid" "$keys" "$w" --keys "$keys" "${shape[@]}" --clients 1 --seconds "$seconds" || return 1
+            done
         fi
         # The catch-up's own 1,000 keys (flat, /bench/r/...) are outside the pods' prefix.
         step "$system" "$url" "$pid" "$keys" replay --events 10000 --keys 1000 --seconds "$seconds" || return 1

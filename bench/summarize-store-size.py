@@ -8,7 +8,9 @@ the restart and compaction at the largest size; and the failures (etcd's quota).
 import sys
 
 WORKLOADS = (("get", "get"), ("list", "list page"), ("create", "create"), ("cas", "update"),
-             ("stream-all", "RangeStream all"), ("replay", "catch-up 10k"))
+             ("list-all", "paginated list all"), ("stream-all", "RangeStream all"), ("replay", "catch-up 10k"))
+# One operation each (a whole list, a whole catch-up): their p50 is the time of one.
+WHOLE = ("list-all", "stream-all", "replay")
 
 
 def fields(line):
@@ -67,7 +69,7 @@ def memory(f):
 
 def per_size(systems):
     cols = (["system", "keys", "load keys/s"]
-            + [f"{name} {'' if w in ('stream-all', 'replay') else 'p99 '}ms" for w, name in WORKLOADS]
+            + [f"{name} {'' if w in WHOLE else 'p99 '}ms" for w, name in WORKLOADS]
             + ["RSS (own) MiB", "disk MiB"])
     out = ["| " + " | ".join(cols) + " |", "|---|" + "--:|" * (len(cols) - 1)]
     for system, steps in systems.items():
@@ -80,14 +82,14 @@ def per_size(systems):
             # The whole list and the catch-up are one operation each: their p50 is the time of one.
             cells = [system, f"{keys:,}", f"{load:,.0f}"]
             for w, _ in WORKLOADS:
-                cells.append(ms(step.get(w, {}), "p50_ms" if w in ("stream-all", "replay") else "p99_ms"))
+                cells.append(ms(step.get(w, {}), "p50_ms" if w in WHOLE else "p99_ms"))
             cells += [memory(size), mib(size.get("disk_bytes"))]
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
 def growth(systems):
-    cols = ["system", "from keys", "to keys"] + [name for w, name in WORKLOADS if w != "stream-all"]
+    cols = ["system", "from keys", "to keys"] + [name for w, name in WORKLOADS if w not in ("list-all", "stream-all")]
     out = ["| " + " | ".join(cols) + " |", "|---|" + "--:|" * (len(cols) - 1)]
     for system, steps in systems.items():
         done = [k for k in sorted(steps) if all(w in steps[k] for w in ("get", "list", "create", "cas", "replay"))]
@@ -96,7 +98,7 @@ def growth(systems):
         lo, hi = steps[done[0]], steps[done[-1]]
         cells = [system, f"{done[0]:,}", f"{done[-1]:,}"]
         for w, _ in WORKLOADS:
-            if w == "stream-all":
+            if w in ("list-all", "stream-all"):
                 continue
             field = "p50_ms" if w == "replay" else "p99_ms"
             try:
@@ -125,7 +127,7 @@ def main():
         systems, restarts, compactions, failures = parse(f)
     if not systems:
         sys.exit("summarize-store-size.py: no `size` line")
-    print("Store size: p99 latency at 16 clients per store size (RangeStream all and the catch-up of")
+    print("Store size: p99 latency at 16 clients per store size (whole lists and the catch-up of")
     print("10,000 events: the time of one, p50); resident memory of the store's process, its own (without")
     print("mapped files' pages) in parentheses (+ kine-rs's on a database server).")
     print()

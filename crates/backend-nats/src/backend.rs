@@ -106,6 +106,8 @@ impl NatsOptions {
 
 pub struct NatsBackend {
     inner: Arc<Inner>,
+    /// The counts of the next pages of paginated lists (`kine_core::page_counts`).
+    page_counts: kine_core::page_counts::PageCounts,
 }
 
 struct Inner {
@@ -355,7 +357,7 @@ impl NatsBackend {
         if !inner.is_copy() && !read_only {
             inner.spawn(fence::listen_for_fence(inner.clone()));
         }
-        Ok(NatsBackend { inner })
+        Ok(NatsBackend { inner, page_counts: Default::default() })
     }
 }
 

@@ -27,6 +27,8 @@ pub struct SqliteOptions {
 const READERS_KEPT: usize = 64;
 
 pub struct SqliteBackend {
+    /// The counts of the next pages of paginated lists (`kine_core::page_counts`).
+    page_counts: Arc<kine_core::page_counts::PageCounts>,
     path: PathBuf,
     shared: Arc<Shared>,
     /// `None` once closed.
@@ -67,6 +69,7 @@ impl SqliteBackend {
         let writer = writer::spawn(conn, shared.clone()).context("start the SQLite writer thread")?;
         tracing::debug!(path = %path.display(), revision = meta.revision, compacted = meta.compact_revision, "SQLite database open");
         Ok(SqliteBackend {
+            page_counts: Default::default(),
             readers: Arc::new(ReadPool::new(path.clone(), READERS_KEPT)),
             path,
             shared,
@@ -90,6 +93,7 @@ impl SqliteBackend {
         conn.busy_timeout(std::time::Duration::from_secs(30)).context("set busy timeout")?;
         let meta = schema::existing(&conn).with_context(|| format!("SQLite database {}", path.display()))?;
         Ok(SqliteBackend {
+            page_counts: Default::default(),
             readers: Arc::new(ReadPool::new(path.to_path_buf(), 4)),
             path: path.to_path_buf(),
             shared: Arc::new(Shared {
@@ -181,12 +185,13 @@ impl Backend for SqliteBackend {
 
     async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
         let single = req.range.end == kine_core::RangeEnd::Single;
+        let counts = self.page_counts.clone();
         let read = move |conn: &rusqlite::Connection| {
             // Revisions from the same snapshot as the data.
             let (current, compacted) = schema::revisions(conn)?;
             let rev = range::read_revision(req.revision, current, compacted)?;
             let mut view = SqlView { conn, revision: current, compacted, appended: 0 };
-            let value = range::execute(&mut view, &req, rev)?;
+            let value = range::execute_with(&mut view, &req, rev, Some(&counts))?;
             Ok(Revisioned { revision: current, value })
         };
         if single {

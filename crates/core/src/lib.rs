@@ -19,6 +19,7 @@ pub mod members;
 pub mod memory;
 pub mod metered;
 pub mod metrics;
+pub mod page_counts;
 pub mod pages;
 pub mod range;
 pub mod range_stream;

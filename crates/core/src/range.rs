@@ -1,6 +1,7 @@
 //! etcd's Range semantics (limit, count, more, sort, revision filters) over any [`ReadView`].
 
 use crate::error::{Error, Result};
+use crate::page_counts::PageCounts;
 use crate::request::{RangeRequest, RangeResponse, SortOrder, SortTarget};
 use crate::types::{KeyValue, Revision};
 use crate::view::ReadView;
@@ -39,6 +40,17 @@ pub fn read_revision(requested: Revision, current: Revision, compacted: Revision
 
 /// Runs a Range at an already resolved revision.
 pub fn execute(view: &mut dyn ReadView, req: &RangeRequest, rev: Revision) -> Result<RangeResponse> {
+    execute_with(view, req, rev, None)
+}
+
+/// [`execute`], taking the count of a paginated list's page from `counts` when the page before
+/// it left it there, and leaving the next page's (`page_counts.rs`).
+pub fn execute_with(
+    view: &mut dyn ReadView,
+    req: &RangeRequest,
+    rev: Revision,
+    counts: Option<&PageCounts>,
+) -> Result<RangeResponse> {
     if req.range.is_empty() {
         return Ok(RangeResponse::default());
     }
@@ -59,6 +71,8 @@ pub fn execute(view: &mut dyn ReadView, req: &RangeRequest, rev: Revision) -> Re
     // `count` is every live key in the range, before filters and limit (as etcd).
     let count = if fetch == 0 || kvs.len() < fetch || !req.total_count {
         kvs.len() as i64
+    } else if let Some(count) = counts.and_then(|c| c.take(&req.range, rev)) {
+        count
     } else {
         view.count(&req.range, rev)?
     };
@@ -70,6 +84,11 @@ pub fn execute(view: &mut dyn ReadView, req: &RangeRequest, rev: Revision) -> Re
     if req.limit > 0 && kvs.len() > req.limit as usize {
         kvs.truncate(req.limit as usize);
         more = true;
+        // The first `limit` keys of the range in key order, none filtered out, and `count` all
+        // of its keys: the next page's count is this one's minus them.
+        if let (Some(counts), Some(last), false, true) = (counts, kvs.last(), fetch_all, req.total_count) {
+            counts.remember(&req.range, rev, &last.key, count, kvs.len());
+        }
     }
     if req.keys_only {
         for kv in &mut kvs {

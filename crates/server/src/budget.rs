@@ -3,6 +3,7 @@
 //! operations one request makes share `--request-timeout` instead of each getting all of it.
 //! A streaming RPC's budget covers its handler only; its stream runs on its own bounds.
 
+use std::cell::Cell;
 use std::task::{Context, Poll};
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
@@ -25,7 +26,7 @@ pub struct RequestBudget<S> {
 impl<S: tower_service::Service<R>, R> tower_service::Service<R> for RequestBudget<S> {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = TaskLocalFuture<Instant, S::Future>;
+    type Future = TaskLocalFuture<Cell<Instant>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)

@@ -9,7 +9,7 @@ use kine_core::{Error, EventKind, KeyRange, KeyValue, Revision};
 use std::sync::Arc;
 
 mod ranges;
-pub use ranges::{long_ranges_are_read_whole, range_stream_parts_are_the_range};
+pub use ranges::{long_ranges_are_read_whole, paginated_lists_count_exactly, range_stream_parts_are_the_range};
 
 pub async fn store(backend: Arc<dyn Backend>) -> Arc<Store> {
     Store::open(backend, StoreOptions::default()).await.expect("open store")
@@ -516,7 +516,7 @@ macro_rules! contract_tests {
             range_pagination_and_options, historical_reads_and_compaction,
             events_from_mid_history_carry_each_keys_previous_version,
             txn_is_atomic, put_ignore_value_and_lease, range_stream_parts_are_the_range, long_ranges_are_read_whole,
-            auth_record_is_replaced_by_version);
+            paginated_lists_count_exactly, auth_record_is_replaced_by_version);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

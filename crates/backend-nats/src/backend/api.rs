@@ -44,7 +44,7 @@ impl Backend for NatsBackend {
         let mut t = self.inner.table();
         let Revisions { current, compacted } = t.revisions();
         let rev = range::read_revision(req.revision, current, compacted)?;
-        let value = range::execute(&mut *t, &req, rev)?;
+        let value = range::execute_with(&mut *t, &req, rev, Some(&self.page_counts))?;
         Ok(Revisioned { revision: current, value })
     }
 

@@ -1,6 +1,7 @@
 //! Compaction by purge: the compact revision is recorded in `<bucket>-meta`, then every key
-//! changed since the previous compaction loses its messages superseded at that revision (one
-//! purge per key, with a subject filter and a sequence), fillers (`message::FILL_TOKEN`, written
+//! changed since the previous compaction that has messages superseded at that revision loses
+//! them (one purge per key, with a subject filter and a sequence; a key written once since has
+//! none, and costs nothing), fillers (`message::FILL_TOKEN`, written
 //! by an import) at or below it go too, and the replica compacts in memory. The purges are
 //! preceded by reads that load the history they will walk (`warm.rs`).
 //!

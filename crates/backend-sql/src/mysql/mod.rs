@@ -73,6 +73,8 @@ fn revision_rounds(readers: &Arc<ReadPool>) -> Rounds<(Revision, Revision)> {
 }
 
 pub struct MysqlBackend {
+    /// The counts of the next pages of paginated lists (`kine_core::page_counts`).
+    page_counts: Arc<kine_core::page_counts::PageCounts>,
     shared: Arc<Shared>,
     writer: Writer,
     /// `None` when open read-only.
@@ -106,6 +108,7 @@ impl MysqlBackend {
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "MySQL database open");
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(MysqlBackend {
+            page_counts: Default::default(),
             shared,
             writer: Writer::new(writer),
             compactor: Some(compactor),
@@ -126,6 +129,7 @@ impl MysqlBackend {
         let meta = schema::existing(&mut conn).with_context(|| format!("--endpoint {}", dsn::redact(&options.url)))?;
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(MysqlBackend {
+            page_counts: Default::default(),
             shared: Arc::new(Shared::new(meta.revision, meta.compact_revision)),
             writer: Writer::none(),
             compactor: None,
@@ -197,12 +201,13 @@ impl Backend for MysqlBackend {
         if req.range.end == kine_core::RangeEnd::Single {
             return self.readers.single(move |c| view::get(c, &req)).await;
         }
+        let counts = self.page_counts.clone();
         self.readers
             .read(move |c| {
                 let (current, compacted, _) = schema::revisions(c)?;
                 let rev = range::read_revision(req.revision, current, compacted)?;
                 let mut view = MyView { conn: c, revision: current, compacted, appended: 0 };
-                let value = range::execute(&mut view, &req, rev)?;
+                let value = range::execute_with(&mut view, &req, rev, Some(&counts))?;
                 Ok(Revisioned { revision: current, value })
             })
             .await

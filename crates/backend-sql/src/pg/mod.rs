@@ -99,6 +99,8 @@ fn revision_rounds(readers: &Arc<ReadPool>) -> Rounds<(Revision, Revision)> {
 }
 
 pub struct PostgresBackend {
+    /// The counts of the next pages of paginated lists (`kine_core::page_counts`).
+    page_counts: Arc<kine_core::page_counts::PageCounts>,
     shared: Arc<Shared>,
     writer: Writer,
     /// `None` when open read-only.
@@ -137,6 +139,7 @@ impl PostgresBackend {
         tracing::debug!(revision = meta.revision, compacted = meta.compact_revision, "PostgreSQL database open");
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(PostgresBackend {
+            page_counts: Default::default(),
             shared,
             writer: Writer::new(writer),
             compactor: Some(compactor),
@@ -158,6 +161,7 @@ impl PostgresBackend {
                 schema::existing(&mut client).with_context(|| format!("--endpoint {}", open::redact(&options.url)))?;
             let readers = Arc::new(ReadPool::new(connector, options.pool));
             Ok(PostgresBackend {
+                page_counts: Default::default(),
                 shared: Arc::new(Shared::new(meta.revision, meta.compact_revision)),
                 writer: Writer::none(),
                 compactor: None,
@@ -228,12 +232,13 @@ impl Backend for PostgresBackend {
         if req.range.end == kine_core::RangeEnd::Single {
             return self.readers.single(move |c| view::get(c, &req)).await;
         }
+        let counts = self.page_counts.clone();
         self.readers
             .read(move |tx| {
                 let (current, compacted) = schema::revisions(tx)?;
                 let rev = range::read_revision(req.revision, current, compacted)?;
                 let mut view = PgView { client: tx, revision: current, compacted, appended: 0 };
-                let value = range::execute(&mut view, &req, rev)?;
+                let value = range::execute_with(&mut view, &req, rev, Some(&counts))?;
                 Ok(Revisioned { revision: current, value })
             })
             .await

@@ -73,7 +73,8 @@ impl MemTable {
 
     /// For compaction planning: `(key, newest revision <= until, is that newest a deletion)`
     /// for the keys changed in `[since, until]` (a deletion at the previous compact revision
-    /// `since` is still held, so it is included).
+    /// `since` is still held, so it is included) that hold versions a compaction at `until`
+    /// removes.
     pub fn changed_keys_between(&self, since: Revision, until: Revision) -> Vec<PlannedKey> {
         let (mut out, mut after) = (Vec::new(), None);
         loop {
@@ -100,9 +101,15 @@ impl MemTable {
         for key in &keys {
             let Some(history) = self.keys.get(key) else { continue };
             if history.iter().any(|(r, _)| *r >= since && *r <= until)
-                && let Some((r, v)) = history.iter().rev().find(|(r, _)| *r <= until)
+                && let Some(i) = history.iter().rposition(|(r, _)| *r <= until)
             {
-                out.push((key.to_vec(), *r, v.is_none()));
+                // Only keys with something to remove: versions older than the newest at `until`,
+                // or that newest itself, a deletion below `until`. A key written once since the
+                // last compaction (most of a large store's) has nothing.
+                let (r, deleted) = (history[i].0, history[i].1.is_none());
+                if i > 0 || (deleted && r < until) {
+                    out.push((key.to_vec(), r, deleted));
+                }
             }
         }
         let next = if keys.len() < STEP_KEYS { None } else { keys.last().map(|k| k.to_vec()) };
@@ -236,6 +243,39 @@ mod tests {
         assert_eq!(format!("{:?}", whole.keys), format!("{:?}", stepped.keys));
         assert_eq!(whole.log, stepped.log);
         assert_eq!(whole.changed_keys_between(at, at + 50), stepped.changed_keys_between(at, at + 50));
+    }
+
+    /// The plan names only the keys a compaction removes something of.
+    #[test]
+    fn keys_with_nothing_to_remove_are_not_planned() {
+        let mut t = MemTable::at(1);
+        let writes = [
+            (EventKind::Put, "once", 1),
+            (EventKind::Put, "twice", 1),
+            (EventKind::Put, "twice", 2),
+            (EventKind::Put, "gone", 1),
+            (EventKind::Delete, "gone", 0),
+            (EventKind::Put, "late", 1),
+            (EventKind::Put, "deleted-at-until", 1),
+            (EventKind::Delete, "deleted-at-until", 0),
+        ];
+        for (i, (kind, key, version)) in writes.into_iter().enumerate() {
+            let rev = 2 + i as Revision;
+            t.apply_committed(rev, vec![event(kind, key, rev, version)]).unwrap();
+        }
+        let planned = |until| {
+            t.changed_keys_between(0, until)
+                .into_iter()
+                .map(|(k, r, d)| (String::from_utf8(k).unwrap(), r, d))
+                .collect::<Vec<_>>()
+        };
+        // At 9 (the last delete): "once" and "late" were written once; "deleted-at-until" loses
+        // its put, its deletion at the compact revision itself stays; "gone" goes whole.
+        assert_eq!(
+            planned(9),
+            vec![("deleted-at-until".into(), 9, true), ("gone".into(), 6, true), ("twice".into(), 4, false)]
+        );
+        assert_eq!(planned(3), vec![]);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct MemoryBackend {
     auth: Mutex<Option<AuthRecord>>,
     cluster_id: u64,
     member_id: u64,
+    /// The counts of the next pages of paginated lists.
+    page_counts: crate::page_counts::PageCounts,
 }
 
 impl Default for MemoryBackend {
@@ -51,6 +53,7 @@ impl MemoryBackend {
             auth: Mutex::new(None),
             cluster_id: crate::id::random_nonzero(),
             member_id: crate::id::random_nonzero(),
+            page_counts: Default::default(),
         }
     }
 
@@ -96,7 +99,7 @@ impl Backend for MemoryBackend {
     async fn range(&self, req: RangeRequest) -> Result<Revisioned<RangeResponse>> {
         self.with(|t| {
             let rev = range::read_revision(req.revision, t.revision(), t.compact_revision())?;
-            let value = range::execute(t, &req, rev)?;
+            let value = range::execute_with(t, &req, rev, Some(&self.page_counts))?;
             Ok(Revisioned { revision: t.revision(), value })
         })
     }

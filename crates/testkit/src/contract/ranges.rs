@@ -37,6 +37,51 @@ pub async fn long_ranges_are_read_whole(b: Arc<dyn Backend>) {
     }
 }
 
+/// A paginated list as kube-apiserver reads it (each page right after the last key of the one
+/// before, at the first page's revision) while keys in its range are put and deleted: every
+/// page's keys, `more` and `count` are those of a Range of that page alone and of a count of
+/// its range at that revision (the backend takes later pages' counts from the page before:
+/// `kine_core::page_counts`). A page asked twice (a retried request) answers the same.
+pub async fn paginated_lists_count_exactly(b: Arc<dyn Backend>) {
+    let s = store(b).await;
+    let name = |i: usize| format!("/pages/{i:04}");
+    for first in (0..1000).step_by(100) {
+        let puts = (first..first + 100).map(|i| RequestOp::Put(put_req(&name(i), "v"))).collect();
+        s.txn(TxnRequest { compare: vec![], success: puts, failure: vec![] }).await.expect("fill");
+    }
+    let end = prefix("/pages/").end;
+    let page = |start: Vec<u8>, revision: Revision| RangeRequest {
+        limit: 70,
+        revision,
+        ..RangeRequest::new(KeyRange { start, end: end.clone() })
+    };
+    let first = s.range(page(b"/pages/".to_vec(), 0)).await.unwrap();
+    let listed = first.revision;
+    let (mut response, mut pages, mut seen) = (first.value, 1, 0);
+    loop {
+        seen += response.kvs.len();
+        if !response.more {
+            break;
+        }
+        // Writes in the range between pages, before and after where the list is.
+        put(&s, &format!("{}x", name(pages * 37 % 1000)), "new").await;
+        s.delete_range(DeleteRangeRequest { range: KeyRange::single(name(pages * 53 % 1000)), prev_kv: false })
+            .await
+            .unwrap();
+        let mut start = response.kvs.last().unwrap().key.clone();
+        start.push(0);
+        let req = page(start.clone(), listed);
+        response = s.range(req.clone()).await.unwrap().value;
+        let again = s.range(req).await.unwrap().value;
+        assert_eq!(response, again, "page {pages} asked twice");
+        let count = RangeRequest { count_only: true, ..page(start, listed) };
+        assert_eq!(response.count, s.range(count).await.unwrap().value.count, "page {pages}");
+        assert_eq!(response.count, 1000 - seen as i64, "page {pages}");
+        pages += 1;
+    }
+    assert_eq!((pages, seen), (15, 1000));
+}
+
 /// RangeStream: its parts, concatenated, are the Range (keys, count, more, header revision) for
 /// every option it takes, at the revision of its first part whatever is written meanwhile.
 pub async fn range_stream_parts_are_the_range(b: Arc<dyn Backend>) {
