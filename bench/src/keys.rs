@@ -81,7 +81,8 @@ impl Shape {
                 let mut rng = Rng::new(mix(key, iteration));
                 let span = (K8S_VALUE_BYTES.end() - K8S_VALUE_BYTES.start() + 1) as u64;
                 let random = K8S_VALUE_BYTES.start() + rng.below(span) as usize;
-                let size = value_bytes.unwrap_or(random);
+                // A size too small for the tag keeps the tag, as in the flat shape.
+                let size = value_bytes.unwrap_or(random).max(v.len());
                 while v.len() < size {
                     v.extend_from_slice(&rng.next().to_le_bytes());
                 }
