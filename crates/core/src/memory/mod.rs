@@ -4,6 +4,7 @@
 mod compaction;
 mod events;
 mod table;
+mod value_file;
 mod values;
 
 #[cfg(test)]

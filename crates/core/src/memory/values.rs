@@ -8,11 +8,9 @@
 //! rewriting the file once most of it is dead. A value that cannot be written (a full disk) is
 //! kept in memory instead, so a write never fails because of the file.
 
+use super::value_file::ValueFile;
 use crate::error::{Error, Result};
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
 /// Values this long or shorter stay in memory: a file offset would save nothing.
 const INLINE_MAX: usize = 24;
@@ -51,39 +49,6 @@ pub(super) struct Values {
     pub(super) inline_only: bool,
 }
 
-#[derive(Debug)]
-struct ValueFile {
-    file: File,
-    dir: PathBuf,
-    /// Bytes written so far: the next value's offset.
-    end: u64,
-    /// Bytes of values no version refers to any more.
-    dead: u64,
-    /// A write failed; later values stay in memory until the file is rewritten.
-    failed: bool,
-}
-
-/// Names the files of one process apart.
-static FILES: AtomicU64 = AtomicU64::new(0);
-
-impl ValueFile {
-    fn create(dir: &Path) -> std::io::Result<ValueFile> {
-        std::fs::create_dir_all(dir)?;
-        let n = FILES.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!(".kine-rs-values-{}-{n}", std::process::id()));
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        std::fs::remove_file(&path)?;
-        Ok(ValueFile { file, dir: dir.to_path_buf(), end: 0, dead: 0, failed: false })
-    }
-
-    fn append(&mut self, bytes: &[u8]) -> std::io::Result<u64> {
-        let offset = self.end;
-        self.file.write_all_at(bytes, offset)?;
-        self.end += bytes.len() as u64;
-        Ok(offset)
-    }
-}
-
 impl Values {
     /// Values kept in a file created (and at once unlinked) in `dir`. If the file cannot be
     /// created, they are kept in memory, and the reason is logged.
@@ -100,13 +65,12 @@ impl Values {
     pub(super) fn store(&mut self, bytes: &[u8]) -> Value {
         let fits = bytes.len() > INLINE_MAX && bytes.len() <= u32::MAX as usize && !self.inline_only;
         if fits && let Some(f) = self.file.as_mut().filter(|f| !f.failed) {
-            match f.append(bytes) {
-                Ok(offset) => return Value::File { offset, len: bytes.len() as u32 },
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot write to the replica's value file; keeping new values in memory");
-                    f.failed = true;
-                }
+            let (offset, written) = f.append(bytes);
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "cannot write to the replica's value file; keeping new values in memory");
+                f.failed = true;
             }
+            return Value::File { offset, len: bytes.len() as u32 };
         }
         Value::Inline(bytes.into())
     }
@@ -117,8 +81,7 @@ impl Values {
             Value::File { offset, len } => {
                 let f = self.file.as_ref().ok_or_else(|| Error::Backend(anyhow::anyhow!("value file missing")))?;
                 let mut buf = vec![0; *len as usize];
-                f.file
-                    .read_exact_at(&mut buf, *offset)
+                f.read_at(&mut buf, *offset)
                     .map_err(|e| Error::Backend(anyhow::anyhow!("read the replica's value file: {e}")))?;
                 Ok(buf)
             }
@@ -162,20 +125,20 @@ impl Values {
                 j += 1;
             }
             window.resize((end - start) as usize, 0);
-            old.file.read_exact_at(&mut window, start).map_err(rewrite_error)?;
+            old.read_at(&mut window, start).map_err(rewrite_error)?;
             for v in &live[i..j] {
                 let (offset, len) = extent(v);
                 let at = (offset - start) as usize;
                 moved_to.push(new.end + out.len() as u64);
                 out.extend_from_slice(&window[at..at + len as usize]);
                 if out.len() >= COPY_BYTES {
-                    new.append(&out).map_err(rewrite_error)?;
+                    new.append(&out).1.map_err(rewrite_error)?;
                     out.clear();
                 }
             }
             i = j;
         }
-        new.append(&out).map_err(rewrite_error)?;
+        new.append(&out).1.map_err(rewrite_error)?;
         for (v, to) in live.iter_mut().zip(moved_to) {
             if let Value::File { offset, .. } = v {
                 *offset = to;
