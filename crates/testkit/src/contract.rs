@@ -401,6 +401,26 @@ pub async fn mid_history_check(b: Arc<dyn Backend>, keys: i64) {
     }
 }
 
+/// A catch-up read in consecutive windows (as a watch resuming from an old revision reads it)
+/// gets exactly the events of one window over the whole span, previous versions included,
+/// whatever the window size: a backend that carries what earlier windows saw (MySQL,
+/// `prev_cache.rs`) must answer as one that looks everything up.
+pub async fn events_in_consecutive_windows_match_one_window(b: Arc<dyn Backend>) {
+    mid_history_write(b.clone(), 40).await;
+    let last = 1 + 3 * 40 + 2;
+    let whole = b.events(&prefix("mid/"), 1, last).await.unwrap();
+    assert_eq!(whole.len() as i64, last - 1);
+    for step in [1, 7, 25, 40, 61] {
+        let (mut joined, mut after) = (Vec::new(), 1);
+        while after < last {
+            let until = (after + step).min(last);
+            joined.extend(b.events(&prefix("mid/"), after, until).await.unwrap());
+            after = until;
+        }
+        assert_eq!(joined, whole, "windows of {step} revisions");
+    }
+}
+
 pub async fn txn_is_atomic(b: Arc<dyn Backend>) {
     let s = store(b.clone()).await;
     let t = TxnRequest {
@@ -515,7 +535,7 @@ macro_rules! contract_tests {
             txn_compares_every_target, txn_kubernetes_shapes, compact_rev_key_version_cas,
             range_pagination_and_options, historical_reads_and_compaction,
             events_from_mid_history_carry_each_keys_previous_version,
-            txn_is_atomic, put_ignore_value_and_lease, range_stream_parts_are_the_range, long_ranges_are_read_whole,
+            events_in_consecutive_windows_match_one_window, txn_is_atomic, put_ignore_value_and_lease, range_stream_parts_are_the_range, long_ranges_are_read_whole,
             paginated_lists_count_exactly, auth_record_is_replaced_by_version);
     };
     (@each $make:expr; $($name:ident),*) => {

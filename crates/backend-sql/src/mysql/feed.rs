@@ -100,7 +100,11 @@ fn catch_up(c: &mut mysql::Conn, shared: &Shared, epoch: &mut Option<i64>, lease
     let published = shared.current.load(Ordering::SeqCst);
     c.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY").context("begin feed transaction")?;
     let (current, compacted, now_epoch) = schema::revisions(c)?;
-    let events = if current > published { view::events(c, &KeyRange::all(), published, current)? } else { Vec::new() };
+    let events = if current > published {
+        view::events(c, &KeyRange::all(), published, current, &mut Default::default())?
+    } else {
+        Vec::new()
+    };
     let table: Option<Vec<(i64, i64, i64)>> = if *epoch != Some(now_epoch) {
         Some(c.query("SELECT id, ttl, renewals FROM lease").context("read leases")?)
     } else {

@@ -11,6 +11,7 @@ pub(crate) mod connect;
 pub(crate) mod dsn;
 mod feed;
 mod pool;
+mod prev_cache;
 mod schema;
 mod view;
 mod writer;
@@ -75,6 +76,8 @@ fn revision_rounds(readers: &Arc<ReadPool>) -> Rounds<(Revision, Revision)> {
 pub struct MysqlBackend {
     /// The counts of the next pages of paginated lists (`kine_core::page_counts`).
     page_counts: Arc<kine_core::page_counts::PageCounts>,
+    /// What each catch-up in progress knows of previous versions (`prev_cache.rs`).
+    prev_cache: Arc<prev_cache::PrevCache>,
     shared: Arc<Shared>,
     writer: Writer,
     /// `None` when open read-only.
@@ -109,6 +112,7 @@ impl MysqlBackend {
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(MysqlBackend {
             page_counts: Default::default(),
+            prev_cache: Default::default(),
             shared,
             writer: Writer::new(writer),
             compactor: Some(compactor),
@@ -130,6 +134,7 @@ impl MysqlBackend {
         let readers = Arc::new(ReadPool::new(connector, options.pool));
         Ok(MysqlBackend {
             page_counts: Default::default(),
+            prev_cache: Default::default(),
             shared: Arc::new(Shared::new(meta.revision, meta.compact_revision)),
             writer: Writer::none(),
             compactor: None,
@@ -228,13 +233,17 @@ impl Backend for MysqlBackend {
 
     async fn events(&self, range: &KeyRange, after: Revision, until: Revision) -> Result<Vec<RevisionEvents>> {
         let range = range.clone();
+        let prev_cache = self.prev_cache.clone();
         self.readers
             .read(move |c| {
                 let (_, compacted, _) = schema::revisions(c)?;
                 if after + 1 < compacted {
                     return Err(Error::Compacted { compact_revision: compacted });
                 }
-                Ok(view::events(c, &range, after, until)?)
+                let mut known = prev_cache.take(&range, after);
+                let events = view::events(c, &range, after, until, &mut known)?;
+                prev_cache.put(range, until, known);
+                Ok(events)
             })
             .await
     }
