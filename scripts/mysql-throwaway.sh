@@ -7,7 +7,8 @@
 # mariadb-install-db into a new directory under /tmp, then mariadbd in the background with TCP
 # on 127.0.0.1 only, max_connections=500, utf8mb4, and a password user `kine` that may connect
 # from anywhere. As root it runs as the `mysql` user (--user=mysql); as anyone else the unix-socket
-# admin account is that user instead of root. Binaries from $MARIADB_BIN (a directory), else PATH,
+# admin account is that user instead of root. Server options in $MYSQL_THROWAWAY_OPTIONS
+# ("--name=value …") are added last (e.g. --innodb-buffer-pool-size=1G). Binaries from $MARIADB_BIN (a directory), else PATH,
 # /usr/sbin, /usr/bin (Debian's mariadb-server and mariadb-client).
 
 # The path of MariaDB binary $1, or nothing.
@@ -67,7 +68,7 @@ mysql_throwaway_start() {
         --port="$port" --bind-address=127.0.0.1 --skip-name-resolve --max-connections=500 \
         --character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci \
         --innodb-flush-log-at-trx-commit=1 --max-allowed-packet=64M --innodb-use-native-aio=0 \
-        --tmpdir="$MYSQL_THROWAWAY_DIR/tmp" \
+        --tmpdir="$MYSQL_THROWAWAY_DIR/tmp" ${MYSQL_THROWAWAY_OPTIONS:-} \
         </dev/null >/dev/null 2>>"$MYSQL_THROWAWAY_DIR/server.out") &
     MYSQL_THROWAWAY_PID=$!
     # Ready when it answers on its socket (up to a minute).
