@@ -3,11 +3,13 @@
 # kine-rs. See README.md.
 #
 #   conformance/run.sh --backend sqlite|memory|nats|nats-embedded|postgres|mysql|s3 [--run REGEX] [--bin PATH]
-#                      [--pkg PACKAGE]... [--verbose]
+#                      [--pkg PACKAGE]... [--apiserver-version VERSION] [--verbose]
+# --apiserver-version runs another release of the suite (a pre-release, e.g. v0.38.0-beta.0) in a
+# work directory of its own; the default is the pinned one below.
 set -euo pipefail
 
 # ---- pinned versions and suite selection (change them here only) ----------
-APISERVER_VERSION=v0.37.2
+PINNED_APISERVER_VERSION=v0.37.2
 # Packages of k8s.io/apiserver whose tests start their server through
 # pkg/storage/etcd3/testserver (directly, or via pkg/storage/etcd3/testing).
 DEFAULT_PACKAGES=(
@@ -25,11 +27,12 @@ OUR_IMPORT=kine-rs/conformance/testserver
 # ---------------------------------------------------------------------------
 
 usage() {
-    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 }
 
 BACKEND=""
+APISERVER_VERSION=$PINNED_APISERVER_VERSION
 RUN=""
 BIN=""
 VERBOSE=0
@@ -40,6 +43,7 @@ while [[ $# -gt 0 ]]; do
         --run) RUN="${2:?}"; shift 2 ;;
         --bin) BIN="${2:?}"; shift 2 ;;
         --pkg) PACKAGES+=("${2:?}"); shift 2 ;;
+        --apiserver-version) APISERVER_VERSION="${2:?}"; shift 2 ;;
         --verbose) VERBOSE=1; shift ;;
         -h|--help) usage ;;
         *) echo "run.sh: unknown argument: $1" >&2; usage ;;
@@ -53,7 +57,11 @@ esac
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$HERE/.." && pwd)"
-WORK="${CONFORMANCE_WORK_DIR:-$HERE/.work}"
+if [[ "$APISERVER_VERSION" == "$PINNED_APISERVER_VERSION" ]]; then
+    WORK="${CONFORMANCE_WORK_DIR:-$HERE/.work}"
+else
+    WORK="${CONFORMANCE_WORK_DIR:-$HERE/.work}-$APISERVER_VERSION"
+fi
 mkdir -p "$WORK"
 WORK="$(cd "$WORK" && pwd)"
 SRC="$WORK/apiserver"
@@ -80,9 +88,13 @@ flock 9
 # Only the module cache is needed after the first run, so later runs work
 # offline.
 log "fetching k8s.io/apiserver@$APISERVER_VERSION"
-ORIG="$(go mod download -json "k8s.io/apiserver@$APISERVER_VERSION" |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-[[ -n "$ORIG" && -f "$ORIG/go.mod" ]] || die "go mod download did not give a source directory"
+DOWNLOAD="$(go mod download -json "k8s.io/apiserver@$APISERVER_VERSION" || true)"
+ORIG="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$DOWNLOAD")"
+if [[ -z "$ORIG" || ! -f "$ORIG/go.mod" ]]; then
+    # e.g. "requires go >= 1.27.0 (running go 1.26.8; GOTOOLCHAIN=local)": a newer suite may
+    # need a newer Go; GOTOOLCHAIN=go1.27.4 conformance/run.sh … fetches one through the proxy.
+    die "go mod download k8s.io/apiserver@$APISERVER_VERSION: $(sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' <<<"$DOWNLOAD" | sed 's/\\u003e/>/g; s/\\u003c/</g')"
+fi
 
 # A writable copy of the pristine module source with the swap below. A copy made earlier from
 # the same source is kept (another backend's run may be using it), and checked below.

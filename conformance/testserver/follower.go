@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
-	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -25,7 +24,7 @@ const followerCatchUp = 30 * time.Second
 // exactly what the writer holds (every key with its revisions and lease, at the writer's
 // revision), and it must not have exited: the suite's workloads, run on the writer, are the
 // follower's test too.
-func startFollower(t testing.TB, bin string, args []string, host, scheme string, tlsConfig *tls.Config, writerURL string) {
+func startFollower(t T, bin string, args []string, host, scheme string, tlsConfig *tls.Config, writerURL string) {
 	port, err := freePort()
 	if err != nil {
 		t.Fatal(err)
@@ -47,17 +46,17 @@ func startFollower(t testing.TB, bin string, args []string, host, scheme string,
 	url := scheme + "://" + hostPort
 	if err := srv.waitListening(hostPort, startTimeout); err != nil {
 		srv.stop(t)
-		t.Fatalf("the S3 follower did not start: %v", err)
+		t.Fatal(fmt.Sprintf("the S3 follower did not start: %v", err))
 	}
 	client, err := kubernetes.New(clientv3.Config{TLS: tlsConfig, Endpoints: []string{url}, DialTimeout: 10 * time.Second})
 	if err != nil {
 		srv.stop(t)
-		t.Fatalf("connecting to the S3 follower at %s: %v", url, err)
+		t.Fatal(fmt.Sprintf("connecting to the S3 follower at %s: %v", url, err))
 	}
 	srv.client = client
 	if err := srv.waitReady(client, startTimeout); err != nil {
 		srv.stop(t)
-		t.Fatalf("the S3 follower at %s is not serving: %v", url, err)
+		t.Fatal(fmt.Sprintf("the S3 follower at %s is not serving: %v", url, err))
 	}
 	srv.ready = true
 	// Cleanups run in reverse order: this one, registered after the writer's, runs first,

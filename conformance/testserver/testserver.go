@@ -63,11 +63,29 @@ const (
 	etcdDefaultProgressNotifyInterval = 10 * time.Minute
 )
 
+// T is what the suite passes in: testing.TB up to k8s.io/apiserver v0.37, from v0.38 on an
+// interface of its test server's with these methods (testing.TB has them all).
+type T interface {
+	Cleanup(func())
+	Error(args ...any)
+	Errorf(format string, args ...any)
+	Fail()
+	FailNow()
+	Failed() bool
+	Fatal(args ...any)
+	Helper()
+	Logf(format string, args ...any)
+	Name() string
+	TempDir() string
+}
+
+var _ T = &testing.T{}
+
 // NewTestConfig returns the configuration RunEtcd will honour. Tests take it,
 // change a few fields and pass it back to RunEtcd, so it has to be the real
 // *embed.Config type. Only the fields listed in RunEtcd are honoured; all
 // other fields are ignored because kine-rs has no equivalent.
-func NewTestConfig(t testing.TB) *embed.Config {
+func NewTestConfig(t T) *embed.Config {
 	cfg := embed.NewConfig()
 
 	port, err := freePort()
@@ -102,13 +120,33 @@ var autoPortLock sync.Mutex
 // Among the fields the suite sets, QuotaBackendBytes (the cacher's
 // initialisation benchmark raises it to 4 GiB) has no kine-rs equivalent:
 // kine-rs enforces no backend quota, so it is ignored.
-func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
+//
+// The suite calls it in two ways: up to k8s.io/apiserver v0.37 with a config from
+// NewTestConfig (nil for the defaults), from v0.38 on with functions that tweak the default
+// config. opts takes either.
+func RunEtcd(t T, opts ...any) *kubernetes.Client {
 	t.Helper()
 
+	var cfg *embed.Config
+	var tweaks []func(*embed.Config)
+	for _, opt := range opts {
+		switch opt := opt.(type) {
+		case nil:
+		case *embed.Config:
+			cfg = opt
+		case func(*embed.Config):
+			tweaks = append(tweaks, opt)
+		default:
+			t.Fatal(fmt.Sprintf("RunEtcd: an argument of type %T is neither a *embed.Config nor a func(*embed.Config)", opt))
+		}
+	}
 	if cfg == nil {
 		autoPortLock.Lock()
 		defer autoPortLock.Unlock()
 		cfg = NewTestConfig(t)
+	}
+	for _, tweak := range tweaks {
+		tweak(cfg)
 	}
 
 	bin := os.Getenv("KINE_RS_BIN")
@@ -116,7 +154,7 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 		t.Fatal("KINE_RS_BIN is not set: it must name the kine-rs binary to test (run conformance/run.sh)")
 	}
 	if st, err := os.Stat(bin); err != nil || st.IsDir() {
-		t.Fatalf("KINE_RS_BIN=%q is not a file: %v", bin, err)
+		t.Fatal(fmt.Sprintf("KINE_RS_BIN=%q is not a file: %v", bin, err))
 	}
 
 	backend := os.Getenv("KINE_RS_BACKEND")
@@ -182,7 +220,7 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 	clientURL := scheme + "://" + listen.Host
 
 	if err := srv.waitListening(listen.Host, startTimeout); err != nil {
-		t.Fatalf("kine-rs did not start: %v", err)
+		t.Fatal(fmt.Sprintf("kine-rs did not start: %v", err))
 	}
 
 	client, err := kubernetes.New(clientv3.Config{
@@ -192,12 +230,12 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 		Logger:      zaptest.NewLogger(t, zaptest.Level(zapcore.ErrorLevel)).Named("etcd-client"),
 	})
 	if err != nil {
-		t.Fatalf("connecting to kine-rs at %s: %v", clientURL, err)
+		t.Fatal(fmt.Sprintf("connecting to kine-rs at %s: %v", clientURL, err))
 	}
 	srv.client = client
 
 	if err := srv.waitReady(client, startTimeout); err != nil {
-		t.Fatalf("kine-rs at %s is not serving: %v", clientURL, err)
+		t.Fatal(fmt.Sprintf("kine-rs at %s is not serving: %v", clientURL, err))
 	}
 	srv.ready = true
 	if backend == "s3" {
@@ -320,7 +358,7 @@ func freePort() (int, error) {
 var unsafeFileChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 
 // logFilePath names the file that receives the server's stdout and stderr.
-func logFilePath(t testing.TB, hostPort string) string {
+func logFilePath(t T, hostPort string) string {
 	dir := os.Getenv("KINE_RS_LOG_DIR")
 	if dir == "" {
 		dir = t.TempDir()
@@ -422,7 +460,7 @@ func (s *server) waitReady(client *kubernetes.Client, timeout time.Duration) err
 
 // stop closes the client, stops the process (SIGTERM, then SIGKILL after
 // stopTimeout) and prints the server log if the test failed.
-func (s *server) stop(t testing.TB) {
+func (s *server) stop(t T) {
 	if s.client != nil {
 		s.client.Close()
 	}

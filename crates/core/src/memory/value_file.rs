@@ -72,7 +72,10 @@ impl ValueFile {
     pub(super) fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let end = offset + buf.len() as u64;
         if end > self.end {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{end} is beyond the file's {}", self.end)));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{end} is beyond the file's {}", self.end),
+            ));
         }
         let on_disk = (self.written.saturating_sub(offset) as usize).min(buf.len());
         let (disk, tail) = buf.split_at_mut(on_disk);
