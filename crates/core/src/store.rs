@@ -143,6 +143,9 @@ impl Store {
         // A node that cannot write refuses before looking at the request, as etcd's learner.
         self.writable()?;
         validate::put(&req)?;
+        // An alarm refuses the put before its lease is looked at (etcd's quota check and
+        // corrupt applier run before its put applier).
+        self.alarms.check(Access::Grow)?;
         // A Put RPC checks its lease before its key (a put in a Txn: as the emulated version
         // does, `Error::KeyAndLeaseNotFound`); the order shows only when both are missing.
         if req.lease != 0 && (req.ignore_value || req.ignore_lease) && !self.lessor.list().contains(&req.lease) {

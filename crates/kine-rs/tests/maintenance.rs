@@ -151,6 +151,9 @@ async fn alarms_refuse_what_etcd_refuses() {
 
     let nospace = (tonic::Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded".to_string());
     assert_eq!(code_and_text(c.put("k", "w", None).await.unwrap_err()), nospace);
+    // The alarm answers before a missing lease is looked at.
+    let unknown_lease = || Some(PutOptions::new().with_lease(424242).with_ignore_value());
+    assert_eq!(code_and_text(c.put("k", "", unknown_lease()).await.unwrap_err()), nospace);
     assert_eq!(code_and_text(c.lease_grant(60, None).await.unwrap_err()), nospace);
     // A put in a branch that would not run still counts, as in etcd.
     let txn = Txn::new().when([Compare::version("k", CompareOp::Equal, 99)]).or_else([TxnOp::put("k", "x", None)]);
@@ -172,6 +175,7 @@ async fn alarms_refuse_what_etcd_refuses() {
     let corrupt = (tonic::Code::DataLoss, "etcdserver: corrupt cluster".to_string());
     assert_eq!(code_and_text(c.delete("k", None).await.unwrap_err()), corrupt);
     assert_eq!(code_and_text(c.put("k", "w", None).await.unwrap_err()), corrupt);
+    assert_eq!(code_and_text(c.put("k", "", unknown_lease()).await.unwrap_err()), corrupt);
     assert_eq!(c.get("k", None).await.unwrap().kvs()[0].value(), b"again");
     let listed = c.alarm(AlarmAction::Get, AlarmType::None, None).await.unwrap();
     assert_eq!(listed.alarms().len(), 1);
