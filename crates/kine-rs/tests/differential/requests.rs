@@ -247,8 +247,8 @@ impl Gen {
             20..=37 => Op::Put(self.put()),
             38..=39 => Op::Put(self.put_on_missing()),
             40..=47 => Op::Delete(self.delete()),
-            48..=67 => Op::Txn(self.txn(k, 0)),
-            68..=72 => Op::Txn(self.txn_of_edge_cases(k, 0)),
+            48..=67 => Op::Txn(without_etcd_crash(self.txn(k, 0))),
+            68..=72 => Op::Txn(without_etcd_crash(self.txn_of_edge_cases(k, 0))),
             73 => {
                 let n = if self.chance(50) { 128 } else { 129 };
                 Op::Txn(self.big_txn(n))
@@ -319,6 +319,54 @@ impl Gen {
                     fragment: false,
                 })
             }
+        }
+    }
+}
+
+/// etcd (3.6 to 3.8) crashes on a Txn whose branch deletes to the end of the key space
+/// (`range_end` "\0") and puts a key at or after the deletion's start with `ignore_value` or
+/// `ignore_lease`: its duplicate-key check builds an empty interval for such a deletion, misses
+/// the put, and the put then finds its key gone (a panic in etcd's put applier). Such puts lose
+/// their ignore flags (a value instead), so that the test compares answers, not a crash.
+fn without_etcd_crash(mut txn: pb::TxnRequest) -> pb::TxnRequest {
+    for branch in [&mut txn.success, &mut txn.failure] {
+        let mut starts = Vec::new();
+        from_key_deletes(branch, &mut starts);
+        if let Some(start) = starts.into_iter().min() {
+            clear_ignores(branch, &start);
+        }
+    }
+    txn
+}
+
+fn from_key_deletes(ops: &[pb::RequestOp], starts: &mut Vec<Vec<u8>>) {
+    use pb::request_op::Request;
+    for op in ops {
+        match &op.request {
+            Some(Request::RequestDeleteRange(d)) if d.range_end == [0] => starts.push(d.key.clone()),
+            Some(Request::RequestTxn(t)) => {
+                from_key_deletes(&t.success, starts);
+                from_key_deletes(&t.failure, starts);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn clear_ignores(ops: &mut [pb::RequestOp], start: &[u8]) {
+    use pb::request_op::Request;
+    for op in ops {
+        match &mut op.request {
+            Some(Request::RequestPut(p)) if (p.ignore_value || p.ignore_lease) && p.key.as_slice() >= start => {
+                p.ignore_value = false;
+                p.ignore_lease = false;
+                p.value = b"v".to_vec();
+            }
+            Some(Request::RequestTxn(t)) => {
+                clear_ignores(&mut t.success, start);
+                clear_ignores(&mut t.failure, start);
+            }
+            _ => {}
         }
     }
 }
